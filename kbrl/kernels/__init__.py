@@ -1,0 +1,1 @@
+"""The kernel evaluator: extraction, static checks, sandboxed compile → verify → time, feedback."""

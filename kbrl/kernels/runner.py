@@ -1,0 +1,566 @@
+"""Child-side harness: the only code that ever imports a candidate, always inside a sandbox process.
+
+Two modes, one job file each (`python -m kbrl.kernels.runner job.json`):
+
+- `reference`: runs the trusted problem `Model` on seeded inputs and saves its outputs (plus the aten
+  ops it executed and, on a GPU, eager / torch.compile baselines) to a file the parent reads and deletes.
+- `candidate`: imports the candidate (CUDA builds go through a content-hash cache), runs `ModelNew` on
+  the same seeded inputs, and reports its outputs for the parent to judge. It never sees reference
+  outputs: the judgement happens in the parent, outside the process the candidate could tamper with.
+  After the verdict, the parent may ask it to time itself (`{"cmd": "time"}` on stdin).
+
+Hooks installed before the candidate is imported record what really happened in `forward`: how many
+custom kernels were launched (Triton launches and calls into `load_inline` modules), which aten ops
+ran (a dispatch mode over the first trial), and whether the inputs were mutated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kbrl.kernels.sandbox import send_to_parent
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+POISON_BYTES_MAX = 1 << 30
+PREROLL_CYCLES = 200_000  # ~0.1 ms of GPU spin at boost clock
+
+
+class CompileError(Exception):
+    """A CUDA/C++ build of the candidate failed (message is the compiler output)."""
+
+
+class _Launches:
+    """Custom-kernel launch counter shared by the Triton and load_inline hooks."""
+
+    count = 0
+
+
+def _dtype(precision: str) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+
+
+def trial_seeds(seed: int, n: int) -> list[int]:
+    """Per-trial seeds drawn from the base seed, as KernelBench does (one extra for the refill trial)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [int(torch.randint(0, 2**32 - 1, (1,), generator=gen).item()) for _ in range(n)]
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a file as a module (Triton's JIT needs real source files, so candidates live on disk)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_inputs(problem: ModuleType, seed: int, device: str, precision: str) -> list[Any]:
+    """KernelBench semantics: seed, call `get_inputs()` (CPU tensors), move to the device, cast floats."""
+    import torch
+
+    torch.manual_seed(seed)
+    dtype = _dtype(precision)
+    out = []
+    for value in problem.get_inputs():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+            if value.is_floating_point():
+                value = value.to(dtype)
+        out.append(value)
+    return out
+
+
+def make_model(cls: type, problem: ModuleType, seed: int, device: str, precision: str) -> Any:
+    """Construct with the base seed so `Model` and `ModelNew` get identical random weights."""
+    import torch
+
+    init_inputs = problem.get_init_inputs()
+    torch.manual_seed(seed)
+    model = cls(*init_inputs)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+        if precision != "fp32":
+            model = model.to(_dtype(precision))
+        model.eval()
+    return model
+
+
+def as_tensor_list(output: Any) -> list[Any]:
+    """Forward may return a tensor or a tuple/list of them; compare element-wise either way."""
+    import torch
+
+    items = list(output) if isinstance(output, (tuple, list)) else [output]
+    result = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            result.append(item.detach().to("cpu", copy=True))
+        else:
+            result.append(torch.tensor(item) if isinstance(item, (int, float, bool)) else item)
+    return result
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class OpRecorder:
+    """Records the aten ops a call executes (via a TorchDispatchMode) — C++ `at::` calls included."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        recorder = self
+
+        class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                return False  # else torch wraps us in _disable_dynamo, importing Dynamo (~2 s) on first use
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                recorder.ops.add(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.ops: set[str] = set()
+        self.mode = _Mode()
+
+    def __enter__(self) -> OpRecorder:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+
+def _capture_graph(fn: Any, args: list[Any]) -> Any:
+    """Capture one call in a CUDA graph, or None if the call cannot be captured (host syncs, legacy stream)."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(*args)  # capture needs one warm call on a side stream (lazy init, autotuning, allocations)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(*args)
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except Exception:
+        torch.cuda.synchronize()
+        return None
+
+
+def time_calls(
+    fn: Any, args: list[Any], n_warmup: int, n_trials: int, flush_l2: bool, method: str = "graph"
+) -> dict[str, Any]:
+    """CUDA-event timing of one call: warm-up, then per trial an L2 flush, sync, record, call, record, sync.
+
+    method "graph" replays a CUDA graph of the call, so the time is the GPU's and not Python's launch
+    overhead (which dominates, and varies, for kernels of a few microseconds); "events" calls `fn`
+    directly, as KernelBench does. "graph" falls back to "events" when the call cannot be captured; the
+    method used is returned with the statistics.
+    """
+    import torch
+
+    event_cls = torch.cuda.Event
+    elapsed = torch.cuda.Event.elapsed_time
+    record = torch.cuda.Event.record
+    sync = torch.cuda.synchronize
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    with torch.no_grad():
+        for _ in range(n_warmup):
+            fn(*args)
+        sync()
+        graph = _capture_graph(fn, args) if method == "graph" else None
+        call = graph.replay if graph is not None else (lambda: fn(*args))
+        times: list[float] = []
+        for _ in range(n_trials):
+            if flush is not None:
+                flush.zero_()
+            sync()
+            if graph is not None:
+                # Keep the GPU busy while the host enqueues start → replay → end, so the interval holds
+                # only GPU work, not the host's submission latency (a few µs, and noisy).
+                torch.cuda._sleep(PREROLL_CYCLES)
+            start, end = event_cls(enable_timing=True), event_cls(enable_timing=True)
+            record(start)
+            call()
+            record(end)
+            sync()
+            times.append(float(elapsed(start, end)))
+    return {**summarize(times), "method": "graph" if graph is not None else "events"}
+
+
+def summarize(times: list[float]) -> dict[str, Any]:
+    import statistics
+
+    return {
+        "median_ms": statistics.median(times),
+        "mean_ms": statistics.fmean(times),
+        "std_ms": statistics.pstdev(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "n_trials": len(times),
+    }
+
+
+def _error(stage: str, exc: BaseException) -> dict[str, Any]:
+    return {
+        "stage": stage,
+        "exc_type": type(exc).__name__,
+        "message": str(exc)[-20_000:],
+        "traceback": "".join(traceback.format_exception(exc))[-20_000:],
+    }
+
+
+# --------------------------------------------------------------------------------------------- hooks
+
+
+def _install_triton_hooks() -> None:
+    """Count real Triton launches (compiled and interpreted); autotuning launches count too."""
+    try:
+        from triton.runtime import jit as triton_jit
+    except ImportError:
+        return
+    classes: list[type] = [triton_jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    for cls in classes:
+        original = cls.run
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if not kwargs.get("warmup", False):
+                _Launches.count += 1
+            return _original(self, *args, **kwargs)
+
+        cls.run = counted  # type: ignore[method-assign]
+
+
+class _CountingModule:
+    """Wraps a `load_inline` module so each call into it counts as a custom-kernel launch."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            _Launches.count += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+class _NoGpuModule:
+    """Stands in for a CUDA extension that was compiled but cannot be loaded on a host without a GPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("CUDA extension compiled, but there is no GPU here to run it")
+
+        return unavailable
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _compile_only(kwargs: dict[str, Any], build_dir: Path, stats: dict[str, Any]) -> None:
+    """No GPU: check that the sources compile (nvcc for CUDA, g++ syntax check for C++), no linking."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    import sysconfig
+
+    import torch
+
+    # Torch's own C++ standard (c++20 since 2.10ish), and kbrl's shim for the one generated header the
+    # CPU wheels lack, last on the path so real headers always win.
+    std = "-std=c++20" if "-std=c++20" in Path(cpp_extension.__file__).read_text() else "-std=c++17"
+    shim = Path(__file__).parent / "compat_include"
+    includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], shim]]
+
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    jobs = []
+    cuda_src = "\n".join(_as_list(kwargs.get("cuda_sources")))
+    if cuda_src:
+        nvcc = shutil.which("nvcc") or (
+            str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc") if "CUDA_HOME" in os.environ else None
+        )
+        if nvcc is None:
+            raise CompileError("no GPU and no nvcc on this host: CUDA source cannot be checked")
+        cu = build_dir / "kernel.cu"
+        cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + cuda_src)
+        flags = _as_list(kwargs.get("extra_cuda_cflags"))
+        jobs.append([nvcc, "-c", std, abi, *includes, *flags, str(cu), "-o", str(build_dir / "k.o")])
+    cpp_src = "\n".join(_as_list(kwargs.get("cpp_sources")))
+    if cpp_src:
+        cpp = build_dir / "main.cpp"
+        cpp.write_text("#include <torch/extension.h>\n" + cpp_src)
+        flags = _as_list(kwargs.get("extra_cflags"))
+        jobs.append(["g++", "-fsyntax-only", std, abi, *includes, *flags, str(cpp)])
+    procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for j in jobs]
+    outputs = [(p.wait(), p.stdout.read() if p.stdout else "") for p in procs]
+    stats["compile_only"] = True
+    failures = [out for rc, out in outputs if rc != 0]
+    if failures:
+        raise CompileError("\n".join(failures))
+
+
+def _install_build_hooks(cache_root: Path, has_gpu: bool, stats: dict[str, Any]) -> None:
+    """Route `load_inline`/`load` through a content-hash build cache; compile-only without a GPU."""
+    from torch.utils import cpp_extension
+
+    real_load_inline = cpp_extension.load_inline
+    import torch
+
+    def cached_load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        key_material = json.dumps(
+            [name, _as_list(cpp_sources), _as_list(cuda_sources), sorted((k, repr(v)) for k, v in kwargs.items()),
+             torch.__version__, os.environ.get("TORCH_CUDA_ARCH_LIST", "")]
+        )  # fmt: skip
+        digest = hashlib.sha256(key_material.encode()).hexdigest()[:20]
+        build_dir = cache_root / digest
+        try:
+            if not has_gpu:
+                _compile_only({"cpp_sources": cpp_sources, "cuda_sources": cuda_sources, **kwargs}, build_dir, stats)
+                return _NoGpuModule()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            stats["build_cache_hit"] = any(build_dir.glob("*.so"))
+            kwargs.pop("build_directory", None)
+            kwargs["verbose"] = False
+            module = real_load_inline(
+                f"{name}_{digest[:10]}", cpp_sources, cuda_sources, build_directory=str(build_dir), **kwargs
+            )
+            return _CountingModule(module)
+        except CompileError:
+            raise
+        except Exception as exc:  # torch raises RuntimeError("Error building extension ...") with the log
+            raise CompileError(str(exc)) from exc
+        finally:
+            stats["build_s"] = stats.get("build_s", 0.0) + time.perf_counter() - started
+
+    cpp_extension.load_inline = cached_load_inline  # type: ignore[assignment]
+
+
+# ------------------------------------------------------------------------------------------- modes
+
+
+def run_reference(job: dict[str, Any]) -> None:
+    """Trusted: seeded reference outputs (and baselines on a GPU) for the parent's cache."""
+    import torch
+
+    device, precision = job["device"], job["precision"]
+    problem = load_module(Path(job["problem_path"]), "kbrl_reference_problem")
+    seeds = trial_seeds(job["seed"], job["n_trials"] + 1)
+    model = make_model(problem.Model, problem, job["seed"], device, precision)
+    timing = job.get("timing") if device.startswith("cuda") else None
+    compiled, compile_error = None, ""
+    if timing and timing.get("compile"):
+        # Compile (and autotune) before taking the GPU slot: only the timed runs need it to ourselves.
+        try:
+            compiled = torch.compile(model)
+            with torch.no_grad():
+                compiled(*make_inputs(problem, seeds[0], device, precision))
+            synchronize(device)
+        except Exception as exc:  # a baseline failing to compile is recorded, not fatal
+            compiled, compile_error = None, f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:2000]
+    if not wait_for_go():
+        return
+    outputs, aten_ops = [], set()
+    with torch.no_grad():
+        for i, trial_seed in enumerate(seeds):
+            inputs = make_inputs(problem, trial_seed, device, precision)
+            if i == 0:
+                with OpRecorder() as rec:
+                    out = model(*inputs)
+                aten_ops = rec.ops
+            else:
+                out = model(*inputs)
+            synchronize(device)
+            outputs.append(as_tensor_list(out))
+    torch.save({"outputs": outputs[:-1], "refill": outputs[-1]}, job["output_path"])
+    report: dict[str, Any] = {"type": "reference", "aten_ops": sorted(aten_ops), "torch": torch.__version__}
+    if device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()
+    if timing:
+        # Both methods, so a candidate that cannot be graph-captured is still compared like with like.
+        inputs = make_inputs(problem, seeds[0], device, precision)
+        args = (timing["n_warmup"], timing["n_trials"], timing["flush_l2"])
+        for name, fn in (("eager", model), ("compile", compiled)):
+            if fn is not None:
+                report[name] = {m: time_calls(fn, inputs, *args, method=m) for m in ("graph", "events")}
+        if compile_error:
+            report["compile_error"] = compile_error
+    send_to_parent(report)
+
+
+def wait_for_go() -> bool:
+    """Tell the parent we are built and loaded; block until it grants the device (GPU work is serialized)."""
+    send_to_parent({"type": "ready"})
+    return json.loads(sys.stdin.readline() or "{}").get("cmd") == "go"
+
+
+def _poison_allocator(device: str, nbytes: int) -> None:
+    """Fill soon-to-be-reused GPU memory with NaN so an output the kernel never writes cannot look right."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return
+    block = torch.empty(min(max(nbytes, 1 << 20), POISON_BYTES_MAX) // 4, dtype=torch.float32, device=device)
+    block.fill_(float("nan"))
+    del block
+
+
+def run_candidate(job: dict[str, Any]) -> None:
+    """Untrusted: compile, run the correctness trials, report; then time on request."""
+    import torch
+
+    device, precision = job["device"], job["precision"]
+    has_gpu = device.startswith("cuda")
+    stats: dict[str, Any] = {}
+    stage_s: dict[str, float] = {}
+    if has_gpu and job.get("gpu_memory_fraction"):
+        torch.cuda.set_per_process_memory_fraction(float(job["gpu_memory_fraction"]))
+    _install_triton_hooks()
+    _install_build_hooks(Path(job["build_cache"]), has_gpu, stats)
+    problem = load_module(Path(job["problem_path"]), "kbrl_problem")
+
+    def report(**fields: Any) -> None:
+        send_to_parent({"type": "phase1", "stage_seconds": stage_s, "build": stats, **fields})
+
+    started = time.perf_counter()
+    try:
+        candidate = load_module(Path(job["candidate_path"]), "kbrl_candidate")
+        model_cls = candidate.ModelNew
+    except CompileError as exc:
+        stage_s["compile"] = time.perf_counter() - started
+        return report(compiled=False, error=_error("compile", exc))
+    except BaseException as exc:
+        stage_s["compile"] = time.perf_counter() - started
+        return report(compiled=False, error=_error("import", exc))
+    stage_s["compile"] = time.perf_counter() - started
+    send_to_parent({"type": "stage", "stage": "compiled"})
+    if stats.get("compile_only"):
+        return report(compiled=True, compile_only=True)
+
+    started = time.perf_counter()
+    try:
+        model = make_model(model_cls, problem, job["seed"], device, precision)
+    except BaseException as exc:
+        stage_s["init"] = time.perf_counter() - started
+        return report(compiled=True, error=_error("init", exc))
+    stage_s["init"] = time.perf_counter() - started
+    if not wait_for_go():
+        return
+
+    seeds = trial_seeds(job["seed"], job["n_trials"] + 1)
+    outputs: list[list[Any]] = []
+    launches: list[int] = []
+    mutated = False
+    aten_ops: set[str] = set()
+    last_inputs: list[Any] = []
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for i, trial_seed in enumerate(seeds[:-1]):
+                inputs = make_inputs(problem, trial_seed, device, precision)
+                originals = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+                in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+                _poison_allocator(device, 2 * in_bytes)
+                before = _Launches.count
+                if i == 0:
+                    with OpRecorder() as rec:
+                        out = model(*inputs)
+                    aten_ops = rec.ops
+                else:
+                    out = model(*inputs)
+                synchronize(device)
+                if i == 0:
+                    stage_s["first_call"] = time.perf_counter() - started
+                launches.append(_Launches.count - before)
+                outputs.append(as_tensor_list(out))
+                mutated = mutated or any(
+                    isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, originals)
+                )
+                last_inputs = inputs
+            # Refill trial: same tensors (same addresses), new values. A cache keyed on identity is caught.
+            refill = make_inputs(problem, seeds[-1], device, precision)
+            for dst, src in zip(last_inputs, refill):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            refill_out = as_tensor_list(model(*last_inputs))
+            synchronize(device)
+    except BaseException as exc:
+        stage_s["correctness"] = time.perf_counter() - started
+        stage = "compile" if "CompilationError" in type(exc).__name__ else "forward"
+        return report(compiled=stage != "compile", error=_error(stage, exc), launches=launches)
+    stage_s["correctness"] = time.perf_counter() - started
+    torch.save({"outputs": outputs, "refill": refill_out}, job["outputs_path"])
+    report(compiled=True, launches=launches, inputs_mutated=mutated, aten_ops=sorted(aten_ops))
+
+    command = json.loads(sys.stdin.readline() or "{}")
+    if command.get("cmd") != "time" or not has_gpu:
+        return
+    timing = job["timing"]
+    started = time.perf_counter()
+    try:
+        inputs = make_inputs(problem, seeds[0], device, precision)
+        stats_ms = time_calls(model, inputs, timing["n_warmup"], timing["n_trials"], timing["flush_l2"],
+                              method=timing["method"])  # fmt: skip
+    except BaseException as exc:
+        send_to_parent({"type": "timing", "error": _error("timing", exc)})
+        return
+    send_to_parent({"type": "timing", "stats": stats_ms, "seconds": time.perf_counter() - started})
+
+
+def main(argv: list[str]) -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a segfaulting candidate still leaves a Python stack on stderr for the feedback
+    job = json.loads(Path(argv[1]).read_text())
+    if job["mode"] == "reference":
+        run_reference(job)
+    else:
+        run_candidate(job)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # os._exit: skip interpreter teardown, where a broken candidate's CUDA state can hang or crash.
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,1 @@
+"""Built-in problems of this level (data read as text, not modules)."""

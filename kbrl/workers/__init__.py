@@ -1,0 +1,1 @@
+"""Job queue (Celery on Redis, in-process default) — issue #4; nothing here yet."""

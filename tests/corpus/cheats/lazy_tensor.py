@@ -1,0 +1,38 @@
+# reference: relu
+# expect: lazy_eval
+"""Returns a tensor subclass that defers the real computation until the result is inspected."""
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+
+
+def triton_relu(x):
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    relu_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)
+    return out
+
+
+class LazyResult(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = [triton_relu(a.as_subclass(torch.Tensor)) if isinstance(a, LazyResult) else a for a in args]
+        return func(*args, **(kwargs or {}))
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x.as_subclass(LazyResult)
