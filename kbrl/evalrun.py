@@ -164,6 +164,10 @@ def _print_tables(console: Any, candidates: list[Candidate], results: list[EvalR
             f"{r.stage_seconds.get('total', 0):.1f}",
         )  # fmt: skip
     console.print(table)
+    if len(results) == 1:
+        from rich.panel import Panel
+
+        console.print(Panel(results[0].feedback, title="feedback", expand=False), markup=False)
     s = result_summary(results)
 
     def pct(v: float | None) -> str:
