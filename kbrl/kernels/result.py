@@ -81,10 +81,21 @@ class EvalResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        """Inverse of `to_dict`, also for dicts read back from the event store, where non-finite floats
+        are stored as the strings "NaN", "Infinity", "-Infinity" (JSON has no literal for them)."""
         data = dict(data)
         data["category"] = Category(data["category"])
         data["cheat_flags"] = [CheatFlag(**f) for f in data.get("cheat_flags", [])]
+        for key in ("max_abs_err", "speedup_eager", "speedup_compile"):
+            data[key] = _number(data.get(key))
         for key in ("runtime", "ref_eager", "ref_compile"):
             if data.get(key) is not None:
-                data[key] = TimingStats(**data[key])
+                data[key] = TimingStats(**{k: _number(v) if k.endswith("_ms") else v for k, v in data[key].items()})
         return cls(**data)
+
+
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _number(value: Any) -> Any:
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
