@@ -17,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 db_app = typer.Typer(help="Event store maintenance.", no_args_is_help=True)
-enqueue_app = typer.Typer(help="Push jobs to the queue (needs KBRL_BROKER_URL) — not built yet.", no_args_is_help=True)
+enqueue_app = typer.Typer(help="Push jobs to the queue (needs KBRL_BROKER_URL).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(enqueue_app, name="enqueue")
 
@@ -157,26 +157,121 @@ def demo(
 # ------------------------------------------------------------------------------------------ planned
 
 
+# ------------------------------------------------------------------------------------------ queue
+
+
 @app.command()
 def worker(
-    gpu: Annotated[str | None, typer.Option(help="GPU index, or 'all' for one worker per GPU.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Own this GPU index (sets CUDA_VISIBLE_DEVICES); queue kbrl.gpu.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="'all': one worker process per visible GPU.")] = None,
+    cpu: Annotated[bool, typer.Option("--cpu", help="CPU worker (queue kbrl.cpu): CUDA prebuilds, CPU evaluations.")] = False,
+    concurrency: Annotated[int | None, typer.Option(help="Jobs at once on a CPU worker (default: CPU count).")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
 ) -> None:
-    """Start a Celery GPU worker (issue #4, not built yet)."""
-    _not_built("worker", 4)
+    """Start a Celery worker on KBRL_BROKER_URL (with no option: one per GPU, or a CPU worker without GPUs).
+
+    Jobs are acked only when done, so a worker that dies loses nothing: its job is redelivered. SIGTERM
+    finishes the job in hand, then exits; a second SIGTERM (or SIGQUIT) stops at once and the job is
+    redelivered.
+    """
+    import os
+
+    from kbrl.workers import launch
+
+    if not settings.broker_url():
+        typer.echo("error: KBRL_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0); without a broker kbrl "
+                   "evaluates in-process and needs no worker", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    if sum(x is not None and x is not False for x in (gpu, gpus, cpu or None)) > 1:
+        typer.echo("error: choose one of --gpu N, --gpus all, --cpu", err=True)
+        raise typer.Exit(2)
+    if gpu is not None:
+        launch.exec_gpu_worker(gpu, loglevel)
+    if gpus is not None and gpus != "all":
+        typer.echo("error: --gpus takes 'all' (use --gpu N for one GPU)", err=True)
+        raise typer.Exit(2)
+    visible = launch.visible_gpus() if not cpu else []
+    if visible:
+        raise typer.Exit(launch.run_gpu_fleet(visible, loglevel))
+    if gpus == "all":
+        typer.echo("error: --gpus all, but no GPU is visible on this host (use --cpu)", err=True)
+        raise typer.Exit(2)
+    launch.exec_cpu_worker(concurrency or os.cpu_count() or 1, loglevel)
 
 
 @enqueue_app.command("eval")
 def enqueue_eval(
-    target: Annotated[str, typer.Argument(help="Generations directory, checkpoint or problem list.")],
+    target: Annotated[str, typer.Argument(help="A generations directory (level_{L}_problem_{N}_sample_{S}_kernel.py), "
+                                               "one candidate file (with --problem), or 'builtin' for kbrl's own "
+                                               "reference kernels (a smoke test of the fleet).")],
+    problem: Annotated[str | None, typer.Option(help="Problem id for a single file, e.g. builtin/L1/1.")] = None,
+    source: Annotated[str | None, typer.Option(help="Problem source for a generations directory.")] = None,
+    problems: Annotated[str | None, typer.Option(help="With 'builtin': comma-separated problem ids to include.")] = None,
+    backend: Annotated[str | None, typer.Option(help="With 'builtin': triton or cuda only.")] = None,
+    device: Annotated[str, typer.Option(help="cuda (GPU workers, queue kbrl.gpu) | cpu (CPU workers: "
+                                             "Triton interpreter, CUDA compile-only; queue kbrl.cpu)")] = "cuda",
+    trials: Annotated[int, typer.Option(help="Correctness trials with fresh seeded inputs.")] = 5,
+    timing_trials: Annotated[int, typer.Option(help="Timed runs per kernel (GPU).")] = 100,
+    tolerance: Annotated[str, typer.Option(help="v0.1 (1e-2) | upstream (fp32 1e-4)")] = "v0.1",
+    timeout: Annotated[float, typer.Option(help="Seconds per candidate.")] = 180.0,
+    wait: Annotated[bool, typer.Option(help="Follow the verdicts with a progress bar until all are in.")] = False,
+    wait_timeout: Annotated[float | None, typer.Option(help="Give up waiting after this many seconds.")] = None,
 ) -> None:
-    """Enqueue evaluation jobs on Redis (issue #4, not built yet)."""
-    _not_built("enqueue eval", 4)
+    """Push evaluation jobs to the queue (KBRL_BROKER_URL) and print the run id for `kbrl status`.
+
+    Checkpoints are evaluated with `kbrl eval-model` (issue #5), which samples first.
+    """
+    from pathlib import Path
+
+    from kbrl.evalrun import builtin_candidates, collect_candidates
+    from kbrl.events.store import EventStore
+    from kbrl.kernels.evaluator import EvalConfig
+    from kbrl.workers.enqueue import enqueue_eval as push
+    from kbrl.workers.enqueue import wait_with_progress
+    from kbrl.workers.queue import CeleryQueue
+    from kbrl.workers.status import print_status
+
+    if not settings.broker_url():
+        typer.echo("error: KBRL_BROKER_URL is not set, so there is no queue to push to; evaluate in this process "
+                   "with `kbrl eval-kernels PATH` instead", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    if device not in ("cuda", "cpu"):
+        typer.echo("error: --device must be cuda or cpu", err=True)
+        raise typer.Exit(2)
+    try:
+        config = EvalConfig(n_trials=trials, n_timing_trials=timing_trials, tolerance=tolerance, timeout_s=timeout)
+        if target == "builtin":
+            candidates = builtin_candidates(None, backend)
+            if problems:
+                wanted = {p.strip() for p in problems.split(",") if p.strip()}
+                candidates = [c for c in candidates if c.problem.id in wanted]
+        else:
+            candidates = collect_candidates(Path(target), problem, source)
+        store = EventStore(settings.database_url())
+        queue = CeleryQueue(store)
+        run_id, jobs = push(store, queue, candidates, config, device)  # type: ignore[arg-type]
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    queue.close()
+    typer.echo(run_id)
+    if wait:
+        found = wait_with_progress(store, run_id, jobs, wait_timeout)
+        print_status(store, run_id)
+        if len(found) < len(jobs):
+            raise typer.Exit(1)
 
 
 @app.command()
-def status(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
-    """Progress of a run from the event store: done / in flight / failed by category (issue #4, not built yet)."""
-    _not_built("status", 4)
+def status(
+    run_id: Annotated[str, typer.Argument(help="Run id (printed by `kbrl enqueue eval`, listed by `kbrl runs`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Progress of a run from the event store: done / in flight / failed, by category, and live workers."""
+    from kbrl.events.store import EventStore
+    from kbrl.workers.status import print_status
+
+    raise typer.Exit(print_status(EventStore(settings.database_url()), run_id, as_json))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

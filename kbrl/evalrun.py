@@ -69,6 +69,11 @@ def collect_candidates(path: Path, problem_id: str | None, source: str | None) -
     return out
 
 
+def new_run_id(kind: str) -> str:
+    """Readable, sortable and unique: `{kind}-{UTC time}-{random}`."""
+    return f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 def _write_results(out: Path, meta: dict[str, Any], results: dict[str, EvalResult]) -> None:
     payload = {**meta, "results": {k: r.to_dict() for k, r in results.items()},
                "summary": result_summary(list(results.values()))}  # fmt: skip
@@ -94,7 +99,7 @@ def run_evaluation(
 
     console = Console(stderr=as_json)
     evaluator = Evaluator(config)
-    run_id = f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_id = new_run_id(kind)
     meta = {"run_id": run_id, "device": evaluator.device, "config": config_dict(config)}
     store = None
     if record:

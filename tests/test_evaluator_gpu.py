@@ -95,3 +95,28 @@ def test_dynamic_checks_on_gpu(stem: str, tmp_path: Path) -> None:
     text = (CORPUS / "dynamic" / f"{stem}.py").read_text()
     result = unchecked.evaluate(get_problem("builtin/L1/5"), text)
     assert result.category == Category.CHEAT, (result.category, result.error)
+
+
+def test_prebuild_fills_the_cache_the_evaluation_uses(tmp_path: Path) -> None:
+    """The CPU queue's `prebuild` of a CUDA candidate makes its GPU evaluation a build-cache hit."""
+    from kbrl.events.store import EventStore
+    from kbrl.workers.jobs import EvalJob, EvaluatorPool, evaluate_job
+
+    problem = get_problem("builtin/L1/5")
+    (candidate,) = [c for c in builtin_candidates(level=1, backend="cuda") if c.problem.id == problem.id]
+    marker = f"// prebuild test {os.getpid()}\n"  # a fresh source hash: never built before on this host
+    text = candidate.text.replace('cuda_sources=', f'cuda_sources={marker!r} + ', 1)
+    assert text != candidate.text
+    evaluator = Evaluator(EvalConfig(device="cuda", timeout_s=300), cache_dir=tmp_path / "cache")
+    built = evaluator.prebuild(problem, text)
+    assert built["built"] and not built["cache_hit"] and built["error"] is None, built
+    again = evaluator.prebuild(problem, text)
+    assert again["built"] and again["cache_hit"], again
+    store = EventStore(f"sqlite:///{tmp_path / 'kbrl.db'}")
+    pool = EvaluatorPool(cache_dir=tmp_path / "cache")  # the GPU worker of the same host: same build cache
+    job = EvalJob.for_problem("gpu-run", "s0", problem, text, "cuda", EvalConfig(device="cuda", timeout_s=300))
+    event = evaluate_job(job, store, pool, worker="gpu-test")
+    result = event.payload["result"]
+    assert result["category"] == "CORRECT" and result["build_cache_hit"] is True, result
+    print(f"prebuild {built['build_s']:.1f} s cold, {again['build_s']:.2f} s warm; "
+          f"evaluation build stage {result['stage_seconds'].get('build', 0):.2f} s")

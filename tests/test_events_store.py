@@ -47,7 +47,9 @@ EXAMPLES: dict[str, p.EventPayload] = {
         logprobs_ref="cc" * 32, text="```python\nprint('héllo')\n```", policy_version=4, n_prompt_tokens=10,
         n_completion_tokens=20, stop_reason="stop",
     ),
-    "EvalRequested": p.EvalRequested(sample_id="r/sample/1", problem_id="L1/1", eval_config={"n_trials": 5}),
+    "EvalRequested": p.EvalRequested(sample_id="r/sample/1", problem_id="L1/1", eval_config={"n_trials": 5},
+                                     text="```python\nclass ModelNew: ...\n```"),
+    "EvalFailed": p.EvalFailed(sample_id="r/sample/2", problem_id="L1/1", worker="w0", error="EvaluatorError: x"),
     "KernelEvaluated": p.KernelEvaluated(
         sample_id="r/sample/1", problem_id="L1/3", worker="w0", gpu=0, result=RESULT, seconds=1.5
     ),
@@ -81,6 +83,16 @@ def test_append_returns_consecutive_positions_in_input_order(db_url):
     assert list(store.read()) == first + second  # what append returns is exactly what is stored
     assert store.last_position() == positions[-1]
     assert store.append([]) == []
+
+
+def test_get_count_and_latest_per_stream(db_url):
+    store = EventStore(db_url)
+    store.append([ps("r1", "a", 0, "s1"), ps("r1", "b", 1, "s2"), ps("r1", "c", 2, "s1"), ps("r2", "d", 3, "s1")])
+    store.append([NewEvent("r1", "s2", "e", p.WorkerHeartbeat(worker="w", busy=False))])
+    assert store.get("c").payload["step"] == 2 and store.get("nope") is None
+    assert store.count("r1") == 4 and store.count("r1", [p.ProblemsSelected]) == 3 and store.count("r3") == 0
+    assert [e.key for e in store.latest_per_stream("r1")] == ["c", "e"]
+    assert store.latest_per_stream("r3") == []
 
 
 def test_read_filters_and_pagination(db_url):

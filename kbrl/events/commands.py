@@ -42,8 +42,11 @@ def db_upgrade(url: str | None = None) -> None:
 
 
 def list_runs(url: str | None = None, as_json: bool = False) -> None:
-    """Print every run: id, kind, status, start, last event, event count (oldest first)."""
-    runs = EventStore(url).runs()
+    """Print every run: id, kind, status, start, last event, event count (oldest first).
+
+    Reserved runs whose id starts with "_" (worker heartbeats) are not runs anyone started: not listed.
+    """
+    runs = [run for run in EventStore(url).runs() if not run.run_id.startswith("_")]
     if as_json:
         for run in runs:
             sys.stdout.write(json.dumps(run.to_dict()) + "\n")

@@ -183,6 +183,9 @@ class EvalRequested(EventPayload):
     sample_id: str
     problem_id: str | None = None
     eval_config: dict[str, Any] = Field(default_factory=dict)
+    text: str | None = None
+    """The candidate, for jobs that are not policy samples (`kbrl enqueue eval DIR`): kept in the store
+    so a lost queue message can be re-sent; None when a `SampleGenerated` holds it."""
 
 
 class KernelEvaluated(EventPayload):
@@ -194,6 +197,16 @@ class KernelEvaluated(EventPayload):
     gpu: int | str | None = None
     result: dict[str, Any]
     seconds: float | None = None
+
+
+class EvalFailed(EventPayload):
+    """A job produced no verdict because the evaluator itself failed (broken reference, missing sample,
+    a worker bug): not the candidate's fault, so it is no `KernelEvaluated` and earns no reward."""
+
+    sample_id: str
+    problem_id: str | None = None
+    worker: str
+    error: str
 
 
 class TurnCompleted(EventPayload):
@@ -277,6 +290,7 @@ class EvalRunFinished(EventPayload):
 __all__ = [
     "REGISTRY",
     "CheckpointSaved",
+    "EvalFailed",
     "EvalRequested",
     "EvalRunFinished",
     "EvalRunStarted",

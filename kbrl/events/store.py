@@ -271,6 +271,38 @@ class EventStore:
         """Append a single event (see `append`)."""
         return self.append([event])[0]
 
+    def get(self, key: str) -> Event | None:
+        """The event stored under idempotency `key`, or None (lets a redelivered job skip its work)."""
+        with self.engine.connect() as conn:
+            return self._by_keys(conn, [key]).get(key)
+
+    def count(self, run_id: str, types: Iterable[str | type[EventPayload]] | None = None) -> int:
+        """How many events `run_id` holds (of `types`): progress checks without reading payloads."""
+        stmt = sa.select(sa.func.count()).select_from(events).where(events.c.run_id == run_id)
+        names = _type_names(types)
+        if names:
+            stmt = stmt.where(events.c.type.in_(names))
+        with self.engine.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def latest_per_stream(self, run_id: str) -> list[Event]:
+        """The last event of each stream of `run_id` (e.g. each worker's latest heartbeat)."""
+        last = (
+            sa.select(sa.func.max(events.c.position))
+            .where(events.c.run_id == run_id)
+            .group_by(events.c.stream)
+            .scalar_subquery()
+        )
+        stmt = sa.select(events.c.position).where(events.c.position.in_(last))
+        with self.engine.connect() as conn:
+            positions = [int(p) for p in conn.execute(stmt).scalars()]
+            if not positions:
+                return []
+            marks = ", ".join([self._mark] * len(positions))
+            rows = conn.exec_driver_sql(f"SELECT {_COLUMNS} FROM events WHERE position IN ({marks}) ORDER BY position",
+                                        tuple(positions)).all()  # fmt: skip
+        return self._decode(rows)
+
     def _by_keys(self, conn: Connection, keys: list[str]) -> dict[str, Event]:
         found: dict[str, Event] = {}
         for start in range(0, len(keys), KEY_LOOKUP_CHUNK):

@@ -217,6 +217,36 @@ class Evaluator:
         self._run_candidate(problem, code, reference, result)
         return self._finish(result, started)
 
+    def prebuild(self, problem: Problem, text: str) -> dict[str, Any]:
+        """Build a CUDA candidate into the shared content-hash cache, without running it.
+
+        Run by CPU-queue workers ahead of the GPU worker that will evaluate the same candidate: the GPU
+        stage then finds the extension built (torch's build lock makes a concurrent build of the same
+        hash wait instead of compiling twice). Triton kernels compile at first launch, so there is
+        nothing to do for them; neither is there for code that would not pass the static checks.
+        """
+        code = extract_code(text)
+        if code is None or "load_inline" not in code:
+            return {"built": False, "reason": "no load_inline build in this candidate"}
+        workdir = Path(tempfile.mkdtemp(prefix="kbrl-build-"))
+        try:
+            (workdir / "problem.py").write_text(problem.code)
+            (workdir / "candidate.py").write_text(code)
+            job = self._job("candidate", workdir, problem_path=str(workdir / "problem.py"),
+                            candidate_path=str(workdir / "candidate.py"), build_only=True)  # fmt: skip
+            limits = SandboxLimits(self.config.timeout_s, self.config.memory_mb, isolate=self.config.isolate)
+            with self._spawn(workdir, job, limits) as proc:
+                report = proc.receive("phase1")
+                end = proc.wait()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if report is None:
+            return {"built": False, "reason": _describe_exit(end), "seconds": end.wall_s}
+        build = report.get("build", {})
+        return {"built": bool(report.get("compiled")) and not build.get("compile_only"),
+                "cache_hit": build.get("build_cache_hit"), "build_s": build.get("build_s"),
+                "error": (report.get("error") or {}).get("message"), "seconds": end.wall_s}  # fmt: skip
+
     def evaluate_many(
         self, items: Iterable[tuple[Problem, str]], jobs: int = 1
     ) -> Iterator[tuple[int, EvalResult]]:

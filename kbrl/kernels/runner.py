@@ -472,8 +472,8 @@ def run_candidate(job: dict[str, Any]) -> None:
         return report(compiled=False, error=_error("import", exc))
     stage_s["compile"] = time.perf_counter() - started
     send_to_parent({"type": "stage", "stage": "compiled"})
-    if stats.get("compile_only"):
-        return report(compiled=True, compile_only=True)
+    if stats.get("compile_only") or job.get("build_only"):
+        return report(compiled=True, compile_only=bool(stats.get("compile_only")), build_only=bool(job.get("build_only")))
 
     started = time.perf_counter()
     try:

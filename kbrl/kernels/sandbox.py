@@ -113,12 +113,24 @@ def scrubbed_env(extra: dict[str, str] | None = None, workdir: Path | None = Non
 
 def _set_limits(memory_mb: int | None, file_size_mb: int) -> None:
     """Runs in the child between fork and exec."""
+    _die_with_parent()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     fsize = file_size_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     if memory_mb is not None:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL the child when the thread that spawned it dies: a worker killed with SIGKILL
+    must not leave an orphaned candidate building or running on the GPU (its job is redelivered anyway)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the session kill on timeout still applies
+        pass
 
 
 def _session_rss_mb(session_id: int) -> float:
