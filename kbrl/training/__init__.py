@@ -1,0 +1,1 @@
+"""Training: rewards, returns, advantages, datums, the trainer, the updater and its backends."""
