@@ -60,12 +60,21 @@ def replay(
     run_id: Annotated[str, typer.Argument(help="Run id, as printed by `kbrl runs`.")],
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
     types: Annotated[list[str] | None, typer.Option("--type", help="Only these event types (repeatable).")] = None,
-    advantages: Annotated[bool, typer.Option(help="Recompute rewards/advantages (issue #5).")] = False,
-    reward_weights: Annotated[str | None, typer.Option(help="What-if re-scoring weights (issue #5).")] = None,
+    advantages: Annotated[bool, typer.Option(help="Recompute every step's rewards and advantages from the "
+                                                  "events and compare them with the ones the updates used.")] = False,
+    reward_weights: Annotated[str | None, typer.Option(help="What-if: re-score with these weights, e.g. "
+                                                            "'stage3' or 'reward_speed_weight=0.5,reward_format_weight=0'.")] = None,
 ) -> None:
-    """Print the event log of a run, in order."""
+    """Print the event log of a run, in order (or, with --advantages, its rewards and advantages)."""
     if advantages or reward_weights:
-        _not_built("replay --advantages/--reward-weights", 5)
+        from kbrl.training.report import print_advantages
+
+        try:
+            code = print_advantages(settings.database_url(), run_id, reward_weights, as_json)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        raise typer.Exit(code)
     from kbrl.events import commands
 
     if commands.replay(settings.database_url(), run_id, as_json, types) < 0:
@@ -275,9 +284,33 @@ def status(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def train(config: Annotated[Path | None, typer.Option(help="YAML config in kbrl/config/.")] = None) -> None:
-    """GRPO training with LoRA through Tinker or a local backend (issue #5, not built yet)."""
-    _not_built("train", 5)
+def train(
+    ctx: typer.Context,
+    config: Annotated[str | None, typer.Option(help="YAML config: a path, or a packaged name (default, stage1, "
+                                                    "stage2, stage3, tiny_cpu). Then key=value overrides.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Resume this run id with the config it recorded "
+                                                    "(an n_steps=N override may extend it).")] = None,
+) -> None:
+    """GRPO training with LoRA (Tinker or local): sample → evaluate through the queue → update → checkpoint.
+
+    Overrides use the seed's names, e.g. `kbrl train --config stage2 model_name=Qwen/Qwen3-8B group_size=16
+    dataset_builder.reward_speed_weight=0.3`. Every sample, evaluation and update is an event: a killed run
+    resumes with `kbrl train --resume RUN_ID`, reusing its recorded samples. TensorBoard: log_path/tensorboard.
+    """
+    from rich.console import Console
+
+    from kbrl.config import load_config
+    from kbrl.training.trainer import TrainingError
+    from kbrl.training.trainer import train as run_training
+
+    console = Console()
+    try:
+        cfg = load_config(config, ctx.args) if (config or ctx.args or resume is None) else None
+        run_id, reports = run_training(cfg, resume=resume, console=console)
+    except (ValueError, TrainingError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    console.print(f"run {run_id}: {len(reports)} steps trained in this call; `kbrl replay {run_id} --advantages`")
 
 
 @app.command("eval-model", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

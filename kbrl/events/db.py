@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +98,23 @@ def _postgres_utc(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.commit()
 
 
+def _enable_wal(cur: Any) -> None:
+    """`PRAGMA journal_mode = WAL`, retried: on a new file, processes starting together (workers, a
+    trainer) race to switch the mode, and SQLite answers "database is locked" at once, without the busy
+    handler, to every one but the first."""
+    import sqlite3
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     connect_args: dict[str, Any] = {
         # The driver must not open transactions on its own: we emit BEGIN ourselves (see `_begin`).
@@ -118,7 +136,7 @@ def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
             cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
             if not memory:
                 # WAL: readers never block the writer; NORMAL sync is durable across process crashes.
-                cur.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
                 cur.execute(f"PRAGMA mmap_size = {SQLITE_MMAP_BYTES}")
         finally:

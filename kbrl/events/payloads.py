@@ -246,6 +246,10 @@ class PolicyUpdated(EventPayload):
     lr: float
     policy_version: int
     metrics: dict[str, float] = Field(default_factory=dict)
+    rewards: dict[str, float] = Field(default_factory=dict)
+    """sample_id → the reward the update used (what `kbrl replay --advantages` must reproduce)."""
+    advantages: dict[str, float] = Field(default_factory=dict)
+    """sample_id → the advantage the update used."""
 
 
 class CheckpointSaved(EventPayload):

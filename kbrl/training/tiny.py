@@ -145,3 +145,64 @@ def build_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+WARM_START_ANSWER = '''```python
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, tl.maximum(tl.load(x_ptr + i, mask=m), 0.0), mask=m)
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+        return y
+```'''
+"""A short, correct Triton answer for the ReLU problem (and a wrong one for the others)."""
+
+
+def warm_start(path: str | Path, prompts: list[list[dict[str, str]]], answer: str = WARM_START_ANSWER, steps: int = 200,
+               learning_rate: float = 3e-3, seed: int = 0) -> float:  # fmt: skip
+    """Fine-tune the tiny model at `path` (in place) to answer the chat `prompts` with `answer`; returns the
+    last loss.
+
+    A random model writes no code at all, so every sample of a CPU smoke run would score the same and no
+    update would ever happen. After this brief supervised warm start, sampling at temperature 1 gives a mix
+    of exact copies (correct on ReLU, wrong elsewhere) and corrupted ones (format or compile errors): the
+    reward varies within groups and the whole loop, update included, runs for real. A few seconds on CPU.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kbrl.training.backends.base import encode_chat
+
+    path = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    prompt_ids = [encode_chat(tokenizer, messages) for messages in prompts]
+    answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    rng = random.Random(seed)
+    loss_value = float("nan")
+    model.train()
+    for _ in range(steps):
+        prompt = rng.choice(prompt_ids)
+        ids = torch.tensor([prompt + answer_ids])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100  # learn the answer, not the prompt
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss_value = float(loss.detach())
+    model.save_pretrained(path)
+    return loss_value

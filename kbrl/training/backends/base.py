@@ -149,22 +149,18 @@ class Backend(ABC):
         """The `policy_version` whose weights `sample` draws from."""
         return self._sampler_version
 
+    def restore_version(self, version: int) -> None:
+        """Set the policy (and sampler) version after a resume, from the run's `CheckpointSaved` event:
+        the event log, not the backend's own state, is the record of how many updates were applied."""
+        self._policy_version = self._sampler_version = int(version)
+
     def encode_prompt(self, prompt: str | Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids for a user message (or a chat), through the chat template when the tokenizer has one.
 
         Without a template the message contents are joined with newlines and encoded as plain text, which
         is what a base model (or the tiny test model) expects.
         """
-        messages = (
-            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        )
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, Mapping):  # transformers >= 5 returns a BatchEncoding
-                ids = ids["input_ids"]
-            return [int(t) for t in ids]
-        return [int(t) for t in tok.encode("\n".join(m["content"] for m in messages))]
+        return encode_chat(self.tokenizer, prompt)
 
     def _prompt_ids(self, prompt: PromptLike) -> list[int]:
         """A prompt as a non-empty list of ids (text is encoded without a chat template)."""
@@ -189,6 +185,17 @@ class Backend(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def encode_chat(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> list[int]:
+    """`Backend.encode_prompt` for any HF tokenizer (also used before a backend exists, e.g. a warm start)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # transformers >= 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer.encode("\n".join(m["content"] for m in messages))]
 
 
 def kl_sample_train(

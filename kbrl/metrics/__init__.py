@@ -1,0 +1,1 @@
+"""Metric projections of the event store and their writers (TensorBoard scalars: `kbrl.metrics.tensorboard`)."""
