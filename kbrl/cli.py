@@ -228,7 +228,8 @@ def enqueue_eval(
 ) -> None:
     """Push evaluation jobs to the queue (KBRL_BROKER_URL) and print the run id for `kbrl status`.
 
-    Checkpoints are evaluated with `kbrl eval-model` (issue #5), which samples first.
+    To evaluate a checkpoint or a base model on the fleet, use `kbrl eval-model` with KBRL_BROKER_URL set: it
+    samples first, then enqueues one job per sample the same way.
     """
     from pathlib import Path
 
@@ -313,10 +314,37 @@ def train(
     console.print(f"run {run_id}: {len(reports)} steps trained in this call; `kbrl replay {run_id} --advantages`")
 
 
-@app.command("eval-model", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def eval_model() -> None:
-    """pass@k and fast_p of a checkpoint or base model (issue #5, not built yet)."""
-    _not_built("eval-model", 5)
+@app.command("eval-model")
+def eval_model(
+    model: Annotated[str, typer.Option(help="HF id or local dir of the base model; 'tiny': kbrl's tiny random model (CPU smoke run).")] = "tiny",
+    backend: Annotated[str, typer.Option(help="local | tinker")] = "local",
+    checkpoint: Annotated[str | None, typer.Option(help="save_checkpoint path loaded on top of the model (local: LoRA dir).")] = None,
+    level: Annotated[int | None, typer.Option(help="Only this level.")] = None,
+    source: Annotated[str, typer.Option(help="builtin | kernelbench[:DIR] | hf[:NAME] | PATH")] = "builtin",
+    problem: Annotated[list[str] | None, typer.Option("--problem", help="Problem id (repeatable), e.g. builtin/L1/5.")] = None,
+    k: Annotated[int, typer.Option("--k", "-k", help="Samples per problem (pass@1..k, fast_p@k).")] = 1,
+    max_tokens: Annotated[int, typer.Option(help="Completion length limit.")] = 4096,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 1.0,
+    kernel_backend: Annotated[str, typer.Option(help="triton | cuda: what the prompt asks for.")] = "triton",
+    device: Annotated[str, typer.Option(help="auto | cuda | cpu (cpu: correctness only, fast_p n/a).")] = "auto",
+    out: Annotated[Path, typer.Option(help="Results JSON path.")] = Path("eval_model_results.json"),
+    timeout: Annotated[float, typer.Option(help="Seconds per candidate evaluation.")] = 180.0,
+    trials: Annotated[int, typer.Option(help="Correctness trials per candidate.")] = 5,
+    tensorboard_dir: Annotated[Path | None, typer.Option(help="Write the headline scalars here.")] = None,
+    tensorboard_step: Annotated[int | None, typer.Option(help="TensorBoard step (default: the policy version).")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: eval-model-<time>-<rand>).")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling / tiny-model seed.")] = 0,
+) -> None:
+    """pass@k and fast_p of a base model or checkpoint: sample k per problem, evaluate through the queue.
+
+    Jobs go to the Celery workers when KBRL_BROKER_URL is set (this is how a checkpoint is evaluated on the
+    GPU fleet), else to the in-process queue. Records an eval run in the store and writes a results JSON.
+    """
+    from kbrl.training.model_eval import eval_model_cli
+
+    raise typer.Exit(eval_model_cli(model, backend, checkpoint, level, source, problem, k, max_tokens, temperature,
+                                    kernel_backend, device, out, timeout, trials, tensorboard_dir, tensorboard_step,
+                                    seed=seed, run_id=run_id))  # fmt: skip
 
 
 @app.command()
