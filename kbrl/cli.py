@@ -64,13 +64,23 @@ def replay(
                                                   "events and compare them with the ones the updates used.")] = False,
     reward_weights: Annotated[str | None, typer.Option(help="What-if: re-score with these weights, e.g. "
                                                             "'stage3' or 'reward_speed_weight=0.5,reward_format_weight=0'.")] = None,
+    gamma: Annotated[float | None, typer.Option(help="What-if: another discount for multi-turn returns.")] = None,
+    metrics: Annotated[bool, typer.Option(help="Per-step metrics projected from the events (as TensorBoard and the dashboard show them).")] = False,
+    tensorboard: Annotated[Path | None, typer.Option(help="Rebuild the run's TensorBoard files in this directory from its events.")] = None,
 ) -> None:
     """Print the event log of a run, in order (or, with --advantages, its rewards and advantages)."""
-    if advantages or reward_weights:
+    if metrics or tensorboard:
+        from kbrl.events.store import EventStore
+        from kbrl.metrics.projections import print_metrics, write_tensorboard
+
+        if tensorboard:
+            write_tensorboard(EventStore(settings.database_url()), run_id, tensorboard)
+        raise typer.Exit(print_metrics(settings.database_url(), run_id, as_json) if metrics else 0)
+    if advantages or reward_weights or gamma is not None:
         from kbrl.training.report import print_advantages
 
         try:
-            code = print_advantages(settings.database_url(), run_id, reward_weights, as_json)
+            code = print_advantages(settings.database_url(), run_id, reward_weights, as_json, gamma)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
@@ -348,9 +358,14 @@ def eval_model(
 
 
 @app.command()
-def dashboard() -> None:
-    """Streamlit dashboard of live runs, trajectories and kernels (issue #6, not built yet)."""
-    _not_built("dashboard", 6)
+def dashboard(
+    host: Annotated[str, typer.Option(help="Address to bind; keep 127.0.0.1 unless an authenticating proxy is in front (dashboard/README.md).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8501,
+) -> None:
+    """Streamlit dashboard of live runs, trajectories, kernels and workers, read from the event store."""
+    from kbrl.metrics.serve import launch
+
+    raise typer.Exit(launch(host, port, settings.database_url()))
 
 
 @app.command("build-rag-index", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

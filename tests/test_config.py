@@ -39,7 +39,7 @@ def test_default_yaml_states_every_key_with_the_model_default_and_a_comment() ->
 
 
 def test_packaged_configs_by_name_and_by_path() -> None:
-    assert packaged_configs() == ["default", "stage1", "stage2", "stage3", "tiny_cpu"]
+    assert packaged_configs() == ["default", "rl_kernelbench_kevin", "stage1", "stage2", "stage3", "tiny_cpu"]
     for name in packaged_configs():
         assert load_config(name) == load_config(CONFIG_DIR / f"{name}.yaml") == load_config(f"{name}.yaml")
     tiny = load_config("tiny_cpu")
@@ -134,7 +134,7 @@ def test_malformed_inputs_are_clear_errors(tmp_path: Path) -> None:
         load_config(None, ["problem_ids=[a, b"])
     with pytest.raises(ConfigError, match="adam must be a mapping"):
         load_config(None, ["adam=0.9"])
-    with pytest.raises(ConfigError, match="packaged: default, stage1, stage2, stage3, tiny_cpu"):
+    with pytest.raises(ConfigError, match="packaged: default, rl_kernelbench_kevin, stage1, stage2, stage3, tiny_cpu"):
         load_config("no_such_config")
     listed = tmp_path / "list.yaml"
     listed.write_text("- group_size: 4\n")

@@ -121,6 +121,9 @@ class TrainConfig(_Section):
     max_turns: int = Field(4, ge=1)
     gamma: float = Field(0.4, ge=0, le=1)
     normalize_advantages_std: bool = False
+    multiturn_baseline: Literal["per_turn", "all_turns"] = "per_turn"
+    max_prompt_tokens: int = Field(16384, ge=64)
+    step_deadline_s: float | None = Field(None, gt=0)
     seed: int = 0
     log_path: str = Field("runs/{run_id}", min_length=1)
     checkpoint_dir: str | None = None

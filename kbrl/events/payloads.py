@@ -232,6 +232,8 @@ class TrajectoryCompleted(EventPayload):
     best_speedup: float | None = None
     problem_id: str | None = None
     step: int | None = None
+    stopped: str | None = None
+    """Why it ended: "solved", "max_turns", "failed" (no verdict) or "deadline" (the step's time ran out)."""
 
 
 # --- training --------------------------------------------------------------------------------------------

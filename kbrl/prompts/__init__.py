@@ -72,10 +72,25 @@ def task_messages(problem: Problem, backend: str = "triton", examples: Sequence[
 
 
 def refinement_messages(problem: Problem, history: Sequence[Turn], backend: str = "triton",
-                        examples: Sequence[str] = ()) -> list[Message]:  # fmt: skip
-    """The prompt of turn len(history): the task, then each earlier answer and its feedback."""
+                        examples: Sequence[str] = (), keep_last: int | None = None) -> list[Message]:  # fmt: skip
+    """The prompt of turn len(history): the task, then each earlier answer and its feedback.
+
+    With `keep_last`, only the last `keep_last` turns are shown in full; older ones shrink to one line
+    each (their verdict), so long trajectories fit a token budget. The task itself is never cut.
+    """
     messages = task_messages(problem, backend, examples)
-    for turn in history:
+    shown = list(history) if keep_last is None else list(history[len(history) - keep_last :]) if keep_last else []
+    older = history[: len(history) - len(shown)]
+    if older:
+        lines = "\n".join(f"- attempt {i + 1}: {_status_line(t.feedback)}" for i, t in enumerate(older))
+        messages[-1] = {"role": "user", "content": messages[-1]["content"] + f"\n\nYour earlier attempts (not shown):\n{lines}"}
+    for turn in shown:
         messages.append({"role": "assistant", "content": turn.answer})
         messages.append({"role": "user", "content": REFINE.format(feedback=turn.feedback.strip())})
     return messages
+
+
+def _status_line(feedback: str) -> str:
+    """The first line of a feedback text (its status), for summarized turns."""
+    first = feedback.strip().splitlines()[0] if feedback.strip() else "no feedback"
+    return first[:200]

@@ -63,6 +63,7 @@ def trajectory_advantages(
     gamma: float = DEFAULT_GAMMA,
     normalize_std: bool = False,
     eps: float = 1e-6,
+    baseline: str = "per_turn",
 ) -> list[list[list[float]]]:
     """Per-turn advantages for groups of trajectories: `groups[g][i][t]` is the score of turn t of
     trajectory i in group g (one group = the trajectories started from the same problem); the result has
@@ -79,10 +80,22 @@ def trajectory_advantages(
     by the std weights near-uniform groups (too easy or too hard problems) as much as informative ones and
     makes the scale of a group's update depend on how spread its rewards happen to be. `normalize_std=True`
     gives the std-normalised GRPO variant.
+
+    `baseline="all_turns"` instead pools the returns of every turn of the group's trajectories into one
+    baseline: simpler, but it rewards turn 0 for the discounted future it carries and penalises late turns
+    of long (struggling) trajectories, which the per-turn baseline avoids.
     """
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown advantage baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
     result: list[list[list[float]]] = []
     for group in groups:
         returns = [discounted_returns(traj, gamma) for traj in group]
+        if baseline == "all_turns":
+            # One baseline for every turn of every trajectory of the group (the returns pooled).
+            flat = group_advantages([x for r in returns for x in r], normalize_std=normalize_std, eps=eps)
+            it = iter(flat)
+            result.append([[next(it) for _ in r] for r in returns])
+            continue
         advantages = [[0.0] * len(r) for r in returns]
         n_turns = max((len(r) for r in returns), default=0)
         for t in range(n_turns):
@@ -100,4 +113,7 @@ def _check_finite(values: Sequence[float], what: str) -> None:
             raise ValueError(f"{what} {i} is not a finite number: {v!r}")
 
 
-__all__ = ["DEFAULT_GAMMA", "discounted_returns", "group_advantages", "trajectory_advantages"]
+BASELINES = ("per_turn", "all_turns")
+"""Where the group baseline of multi-turn advantages is taken: per turn index, or over all turns."""
+
+__all__ = ["BASELINES", "DEFAULT_GAMMA", "discounted_returns", "group_advantages", "trajectory_advantages"]

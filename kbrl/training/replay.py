@@ -26,6 +26,8 @@ from kbrl.events.payloads import (
     RunFinished,
     RunStarted,
     SampleGenerated,
+    TrajectoryCompleted,
+    TurnCompleted,
 )
 from kbrl.events.store import Event, EventStore
 from kbrl.training.advantages import trajectory_advantages
@@ -66,6 +68,10 @@ class Step:
     samples: dict[str, Sample] = field(default_factory=dict)
     update: dict[str, Any] | None = None
     checkpoint: str | None = None
+    turns_completed: set[str] = field(default_factory=set)
+    """Sample ids whose `TurnCompleted` is recorded."""
+    completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """traj → its `TrajectoryCompleted` payload."""
 
     @property
     def done(self) -> bool:
@@ -75,6 +81,13 @@ class Step:
     def pending(self) -> list[Sample]:
         """Samples still waiting for a verdict."""
         return [s for s in self.samples.values() if s.verdict is None and s.failed is None]
+
+    def trajectories(self) -> dict[str, list[Sample]]:
+        """traj → its samples in turn order (a single-turn step has one sample per trajectory)."""
+        out: dict[str, list[Sample]] = {}
+        for s in sorted(self.samples.values(), key=lambda s: (s.group, s.traj, s.turn)):
+            out.setdefault(s.traj, []).append(s)
+        return out
 
 
 @dataclass
@@ -95,13 +108,24 @@ class RunState:
         return max(done, key=lambda s: s.step) if done else None
 
 
+class Replayer:
+    """A run's state kept current by folding in only the events appended since the last `update`: the
+    multi-turn driver calls it after every verdict, so it must not re-read the whole run each time."""
+
+    def __init__(self, store: EventStore, run_id: str) -> None:
+        self.store = store
+        self.state = RunState(run_id)
+        self._by_id: dict[str, Sample] = {}
+
+    def update(self, upto: int | None = None) -> RunState:
+        for event in self.store.read(run_id=self.state.run_id, after=self.state.last_position, upto=upto):
+            apply(self.state, self._by_id, event)
+        return self.state
+
+
 def replay_run(store: EventStore, run_id: str, upto: int | None = None) -> RunState:
     """The run's state after every event up to position `upto` (all of them by default)."""
-    state = RunState(run_id)
-    by_id: dict[str, Sample] = {}
-    for event in store.read(run_id=run_id, upto=upto):
-        apply(state, by_id, event)
-    return state
+    return Replayer(store, run_id).update(upto)
 
 
 def apply(state: RunState, by_id: dict[str, Sample], event: Event) -> None:
@@ -124,6 +148,12 @@ def apply(state: RunState, by_id: dict[str, Sample], event: Event) -> None:
     elif event.type == EvalFailed.event_type:
         if p["sample_id"] in by_id:
             by_id[p["sample_id"]].failed = p["error"]
+    elif event.type == TurnCompleted.event_type:
+        sample = by_id.get(p.get("sample_id") or "")
+        if sample is not None:
+            state.step(sample.step).turns_completed.add(sample.sample_id)
+    elif event.type == TrajectoryCompleted.event_type and p.get("step") is not None:
+        state.step(p["step"]).completed[p["traj"]] = p
     elif event.type == PolicyUpdated.event_type:
         state.step(p["step"]).update = p
     elif event.type == CheckpointSaved.event_type and p.get("step") is not None:
@@ -141,7 +171,8 @@ class StepScores:
     breakdowns: dict[str, RewardBreakdown]
 
 
-def step_advantages(step: Step, weights: RewardWeights, gamma: float, normalize_std: bool = False) -> StepScores:
+def step_advantages(step: Step, weights: RewardWeights, gamma: float, normalize_std: bool = False,
+                    baseline: str = "per_turn") -> StepScores:  # fmt: skip
     """Rewards of every judged sample, discounted returns along each trajectory, group-relative advantages."""
     breakdowns = {s.sample_id: score(s.verdict, weights) for s in step.samples.values() if s.verdict is not None}
     groups: dict[int, dict[str, list[Sample]]] = {}
@@ -150,7 +181,7 @@ def step_advantages(step: Step, weights: RewardWeights, gamma: float, normalize_
             groups.setdefault(s.group, {}).setdefault(s.traj, []).append(s)
     ordered = [list(trajs.values()) for _, trajs in sorted(groups.items())]
     scores = [[[breakdowns[s.sample_id].total for s in traj] for traj in group] for group in ordered]
-    advantages = trajectory_advantages(scores, gamma=gamma, normalize_std=normalize_std)
+    advantages = trajectory_advantages(scores, gamma=gamma, normalize_std=normalize_std, baseline=baseline)
     by_sample: dict[str, float] = {}
     for group, group_adv in zip(ordered, advantages, strict=True):
         for traj, traj_adv in zip(group, group_adv, strict=True):
@@ -160,23 +191,20 @@ def step_advantages(step: Step, weights: RewardWeights, gamma: float, normalize_
     return StepScores(rewards, by_sample, breakdowns)
 
 
-def step_metrics(step: Step, scores: StepScores) -> dict[str, float]:
-    """Per-step scalars for logs and TensorBoard: reward, pass rates, categories."""
-    verdicts = [s.verdict for s in step.samples.values() if s.verdict is not None]
-    n = len(verdicts) or 1
-    out = {
-        "reward/mean": sum(scores.rewards.values()) / max(1, len(scores.rewards)),
-        "eval/format_rate": sum(bool(v.get("format_ok")) for v in verdicts) / n,
-        "eval/compile_rate": sum(bool(v.get("compiled")) for v in verdicts) / n,
-        "eval/correct_rate": sum(v.get("category") == "CORRECT" for v in verdicts) / n,
-        "eval/cheat_rate": sum(v.get("category") == "CHEAT" for v in verdicts) / n,
-        "eval/failed": float(sum(s.failed is not None for s in step.samples.values())),
-        "samples": float(len(step.samples)),
-    }
-    speedups = [b.speedup for b in scores.breakdowns.values() if b.correct and b.speedup]
-    if speedups:
-        out["eval/mean_speedup"] = sum(speedups) / len(speedups)
-    return out
+def run_step_scores(step: Step, cfg: Any, weights: RewardWeights | None = None,
+                    gamma: float | None = None) -> StepScores:  # fmt: skip
+    """`step_advantages` with a run's settings (a `TrainConfig`): what the live update, the projections
+    and `kbrl replay` all call, so none of them can pick different settings. `weights`/`gamma`: what-if."""
+    return step_advantages(step, weights or cfg.reward_weights(), cfg.gamma if gamma is None else gamma,
+                           cfg.normalize_advantages_std, cfg.multiturn_baseline)  # fmt: skip
+
+
+def step_metrics(step: Step, scores: StepScores, n_steps: int | None = None) -> dict[str, float]:
+    """Per-step scalars for logs and TensorBoard. One definition for every view (trainer, dashboard,
+    `kbrl replay`): `kbrl.metrics.projections.step_scalars`, whose docstring lists the names."""
+    from kbrl.metrics.projections import step_scalars
+
+    return step_scalars(step, scores, n_steps=n_steps)
 
 
 def replay_advantages(store: EventStore, run_id: str, weights: RewardWeights | None = None,
@@ -194,5 +222,5 @@ def replay_advantages(store: EventStore, run_id: str, weights: RewardWeights | N
     cfg = TrainConfig.model_validate(state.config)
     weights = weights or cfg.reward_weights()
     gamma = cfg.gamma if gamma is None else gamma
-    return {n: (step_advantages(step, weights, gamma, cfg.normalize_advantages_std), step.update)
+    return {n: (run_step_scores(step, cfg, weights, gamma), step.update)
             for n, step in sorted(state.steps.items()) if step.samples}  # fmt: skip

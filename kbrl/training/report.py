@@ -29,7 +29,8 @@ def parse_weights(spec: str, base: RewardWeights) -> RewardWeights:
     return from_config(pairs, base=base)
 
 
-def print_advantages(url: str, run_id: str, weights_spec: str | None, as_json: bool) -> int:
+def print_advantages(url: str, run_id: str, weights_spec: str | None, as_json: bool,
+                     gamma: float | None = None) -> int:  # fmt: skip
     from rich.console import Console
     from rich.table import Table
 
@@ -42,14 +43,17 @@ def print_advantages(url: str, run_id: str, weights_spec: str | None, as_json: b
         raise ValueError(f"run {run_id!r} has no RunStarted event: not a training run")
     own = TrainConfig.model_validate(state.config).reward_weights()
     weights = parse_weights(weights_spec, own) if weights_spec else None
-    steps = replay_advantages(store, run_id, weights)
+    if gamma is not None and not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"--gamma must be in [0, 1], got {gamma}")
+    steps = replay_advantages(store, run_id, weights, gamma)
+    what_if = weights is not None or gamma is not None
     mismatches = 0
     rows = []
     for number, (scores, update) in steps.items():
         logged_adv = (update or {}).get("advantages", {})
         logged_rew = (update or {}).get("rewards", {})
         same = update is not None and logged_adv == scores.advantages and logged_rew == scores.rewards
-        if weights is None and update is not None and not same:
+        if not what_if and update is not None and not same:
             mismatches += 1
         rows.append({
             "step": number, "samples": len(scores.rewards),
@@ -62,12 +66,13 @@ def print_advantages(url: str, run_id: str, weights_spec: str | None, as_json: b
         for row in rows:
             print(json.dumps(row))
     else:
-        title = f"{run_id}: " + ("replayed with the run's own weights" if weights is None else f"what-if {weights}")
-        last = "advantages = logged" if weights is None else "what-if = logged"
+        title = f"{run_id}: " + ("replayed with the run's own settings" if not what_if
+                                 else f"what-if weights={weights or 'own'} gamma={gamma if gamma is not None else 'own'}")
+        last = "advantages = logged" if not what_if else "what-if = logged"
         table = Table("step", "samples", "mean reward", "logged mean reward", last, title=title)
         for row in rows:
             logged = row["logged_mean_reward"]
-            differs = "[red]NO[/]" if weights is None else "differs"
+            differs = "[red]NO[/]" if not what_if else "differs"
             match = {True: "[green]yes[/]", False: differs, None: "- (not updated yet)"}[row["matches_logged"]]
             table.add_row(str(row["step"]), str(row["samples"]), f"{row['mean_reward']:.4f}",
                           "-" if logged is None else f"{logged:.4f}", match)  # fmt: skip

@@ -30,10 +30,10 @@ from kbrl.events.payloads import (
     ProblemsSelected,
     RunFinished,
     RunStarted,
-    SampleGenerated,
 )
 from kbrl.events.store import EventStore, NewEvent
 from kbrl.kernels.evaluator import EvalConfig, resolve_device
+from kbrl.metrics.projections import MetricsLogger, RunProjection, log_step
 from kbrl.problems import load_problems
 from kbrl.problems.model import Problem
 from kbrl.prompts import task_messages
@@ -44,12 +44,10 @@ from kbrl.training.replay import (
     Step,
     StepScores,
     decode_numbers,
-    encode_numbers,
     replay_run,
-    step_advantages,
-    step_metrics,
+    run_step_scores,
 )
-from kbrl.workers.jobs import EvalJob, wait_for_verdicts
+from kbrl.training.rollout import StepRollout
 from kbrl.workers.queue import JobQueue
 
 
@@ -116,8 +114,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, store: EventStore, queue: JobQueue, backend: Backend,
                  problems: list[Problem], run_id: str, log_path: Path, console: Any = None) -> None:  # fmt: skip
-        if cfg.mode != "single_turn":
-            raise TrainingError("mode=multi_turn (Kevin mode) is issue #11 and not built yet; use mode=single_turn")
         if cfg.dataset_builder.prompt_option != "basic":
             raise TrainingError("dataset_builder.prompt_option=raicl needs the RA-ICL index (issue #8), not built yet")
         if not problems:
@@ -146,11 +142,12 @@ class Trainer:
             self.backend.refresh_sampler()
             self._say(f"resuming {self.run_id} after step {last.step} (checkpoint {last.checkpoint})")
         first = 0 if last is None else last.step + 1
-        from kbrl.metrics.tensorboard import ScalarLogger
-
         # purge_step: points a killed attempt wrote for steps being redone are dropped, not plotted twice.
-        self.scalars = ScalarLogger(self.log_path / "tensorboard", enabled=self.cfg.tensorboard_enabled,
-                                    purge_step=first if first else None)  # fmt: skip
+        self.scalars = MetricsLogger(self.log_path / "tensorboard", enabled=self.cfg.tensorboard_enabled,
+                                     purge_step=first if first else None)  # fmt: skip
+        # What TensorBoard shows is projected from the store after each commit, as the dashboard and
+        # `kbrl replay` project it: one definition of every metric (kbrl.metrics.projections).
+        self.projection = RunProjection(self.run_id)
         reports = []
         status, error = "failed", None
         try:
@@ -175,20 +172,21 @@ class Trainer:
         started = time.perf_counter()
         step = state.steps.get(number) or Step(number)
         problem_ids = step.problem_ids or self._select_problems(number)
-        self._sample_missing_groups(number, problem_ids, step)
-        state = replay_run(self.store, self.run_id)
-        step = state.steps[number]
-        self._evaluate(step)
-        state = replay_run(self.store, self.run_id)
-        step = state.steps[number]
-        scores = step_advantages(step, self.weights, self.cfg.gamma, self.cfg.normalize_advantages_std)
-        metrics = step_metrics(step, scores) | self._update(number, step, scores)
-        metrics["time/step_s"] = time.perf_counter() - started
-        self.scalars.log(number, metrics)
-        self._say(f"step {number + 1}/{self.cfg.n_steps}: reward {metrics['reward/mean']:.3f}  "
-                  f"correct {metrics['eval/correct_rate']:.0%}  datums {int(metrics['train/n_datums'])}  "
-                  f"loss {metrics['train/loss']:.4f}  {metrics['time/step_s']:.1f} s")  # fmt: skip
-        return StepReport(number, metrics, metrics["time/step_s"])
+        rollout = StepRollout(store=self.store, queue=self.queue, backend=self.backend, problems=self.problems,
+                              run_id=self.run_id, cfg=self.cfg, eval_config=self.eval_config, device=self.device,
+                              weights=self.weights)  # fmt: skip
+        timings = rollout.run(number, problem_ids)
+        timings["time/eval_s"] = timings["time/rollout_s"] - timings["time/sample_s"]  # waiting on verdicts
+        step = replay_run(self.store, self.run_id).steps[number]
+        scores = run_step_scores(step, self.cfg, self.weights)
+        self._update(number, step, scores, started, timings)
+        self.projection.update(self.store)
+        metrics = log_step(self.scalars, self.projection, number)
+        nan = float("nan")
+        self._say(f"step {number + 1}/{self.cfg.n_steps}: reward {metrics.get('reward/mean', nan):.3f}  "
+                  f"correct {metrics.get('eval/correct_rate', nan):.0%}  datums {int(metrics['train/n_datums'])}  "
+                  f"loss {metrics['train/loss']:.4f}  {metrics['time/total_s']:.1f} s")  # fmt: skip
+        return StepReport(number, metrics, metrics["time/total_s"])
 
     # ------------------------------------------------------------------ stages
 
@@ -200,43 +198,6 @@ class Trainer:
         self._append(NewEvent(self.run_id, f"step/{number}", f"{self.run_id}/s{number}/problems",
                               ProblemsSelected(step=number, problem_ids=chosen)))  # fmt: skip
         return chosen
-
-    def _sample_missing_groups(self, number: int, problem_ids: list[str], step: Step) -> None:
-        """Sample G completions for each group with no samples yet; one transaction per group."""
-        have = {s.group for s in step.samples.values()}
-        for group, problem_id in enumerate(problem_ids):
-            if group in have:
-                continue
-            problem = self.problems.get(problem_id)
-            if problem is None:
-                raise TrainingError(f"step {number} selected {problem_id!r}, which is not in this run's problem set")
-            prompt = self.backend.encode_prompt(task_messages(problem, self.cfg.kernel_backend))
-            (sequences,) = self.backend.sample([prompt], n=self.cfg.group_size, max_tokens=self.cfg.max_tokens,
-                                               temperature=self.cfg.temperature)  # fmt: skip
-            prompt_ref = self.store.put_blob(encode_numbers(prompt))
-            events = []
-            for j, seq in enumerate(sequences):
-                traj = f"s{number}/g{group}/t{j}"
-                refs = self.store.put_blobs([encode_numbers(seq.tokens), encode_numbers(seq.logprobs)])
-                events.append(NewEvent(self.run_id, f"traj/{traj}", f"{self.run_id}/{traj}/turn0", SampleGenerated(
-                    step=number, group=group, traj=traj, turn=0, problem_id=problem_id, prompt_ref=prompt_ref,
-                    completion_ref=refs[0], logprobs_ref=refs[1], text=seq.text,
-                    policy_version=self.backend.sampler_version, n_prompt_tokens=len(prompt),
-                    n_completion_tokens=len(seq.tokens), stop_reason=seq.stop_reason)))  # fmt: skip
-            self.store.append(events)
-
-    def _evaluate(self, step: Step) -> None:
-        """Submit every sample still without a verdict and wait for all verdicts of the step."""
-        pending = step.pending()
-        jobs = [EvalJob.for_problem(self.run_id, s.sample_id, self.problems[s.problem_id], None, self.device,
-                                    self.eval_config) for s in pending]  # fmt: skip
-        if jobs:
-            self.queue.submit(jobs)
-        ids = [s.sample_id for s in step.samples.values()]
-        found = wait_for_verdicts(self.store, self.run_id, ids, timeout=self.cfg.eval_timeout_s * 10 + 600)
-        if len(found) < len(ids):
-            raise TrainingError(f"step {step.step}: {len(ids) - len(found)} evaluations did not finish in time "
-                                "(are workers running? `kbrl status " + self.run_id + "`)")  # fmt: skip
 
     def _datums(self, step: Step, scores: StepScores) -> list[TrainDatum]:
         """One datum per judged sample with a non-zero advantage (zero adds no gradient, only compute)."""
@@ -252,9 +213,13 @@ class Trainer:
                 datums.append(build_datum(prompt, tokens, logprobs, advantage))
         return datums
 
-    def _update(self, number: int, step: Step, scores: StepScores) -> dict[str, float]:
+    def _update(self, number: int, step: Step, scores: StepScores, started: float,
+                timings: dict[str, float]) -> dict[str, float]:  # fmt: skip
+        """Update, save, then record the step; the recorded metrics include the step's timings (`time/*`,
+        seconds since `started`), so every view of the run reads them from the store."""
         datums = self._datums(step, scores)
-        metrics: dict[str, float] = {"train/n_datums": float(len(datums)), "train/loss": 0.0}
+        metrics: dict[str, float] = {"train/n_datums": float(len(datums)), "train/loss": 0.0, **timings}
+        train_started = time.perf_counter()
         if datums:
             fb = self.backend.forward_backward(datums, loss="importance_sampling")
             a = self.cfg.adam
@@ -263,13 +228,18 @@ class Trainer:
                                                      grad_clip_norm=a.grad_clip_norm))  # fmt: skip
             metrics["train/loss"] = fb["loss"]
             metrics.update({f"train/{k}": float(v) for k, v in {**fb, **opt}.items() if k != "loss"})
+        save_started = time.perf_counter()
+        metrics["time/train_s"] = save_started - train_started
         path = self.backend.save_checkpoint(f"step_{number:05d}")
         self.backend.refresh_sampler()
         version = self.backend.policy_version
+        done = time.perf_counter()
+        metrics["time/save_s"] = done - save_started
+        metrics["time/total_s"] = done - started
         self.store.append([
             NewEvent(self.run_id, f"step/{number}", f"{self.run_id}/s{number}/updated", PolicyUpdated(
                 step=number, loss=metrics["train/loss"], n_datums=len(datums), lr=self.cfg.learning_rate,
-                policy_version=version, metrics={k: v for k, v in metrics.items() if k.startswith("train/")},
+                policy_version=version, metrics={k: v for k, v in metrics.items() if k.startswith(("train/", "time/"))},
                 rewards=scores.rewards, advantages=scores.advantages)),
             NewEvent(self.run_id, f"step/{number}", f"{self.run_id}/s{number}/checkpoint",
                      CheckpointSaved(path=path, step=number, policy_version=version)),

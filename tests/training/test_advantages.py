@@ -114,3 +114,15 @@ def test_advantages_are_deterministic_on_replay() -> None:
     first = trajectory_advantages(groups, normalize_std=True)
     assert first == trajectory_advantages(groups, normalize_std=True)  # bit-identical, not approx
     assert [[len(traj) for traj in g] for g in first] == [[4] * 8] * 3
+
+
+def test_all_turns_baseline_pools_every_turn_of_the_group() -> None:
+    # traj a: scores (0, 1) → returns (0 + 0.4·1, 1) = (0.4, 1.0); traj b (stopped after one turn): (1) → (1.0)
+    # pooled returns 0.4, 1.0, 1.0: mean 0.8 → advantages a (-0.4, 0.2), b (0.2)
+    (group,) = trajectory_advantages([[[0.0, 1.0], [1.0]]], gamma=0.4, baseline="all_turns")
+    assert group[0] == pytest.approx([-0.4, 0.2]) and group[1] == pytest.approx([0.2])
+    # The per-turn baseline on the same group: turn 0 mean(0.4, 1.0) = 0.7 → (-0.3, 0.3); turn 1 has only a → 0
+    (per_turn,) = trajectory_advantages([[[0.0, 1.0], [1.0]]], gamma=0.4)
+    assert per_turn[0] == pytest.approx([-0.3, 0.0]) and per_turn[1] == pytest.approx([0.3])
+    with pytest.raises(ValueError, match="unknown advantage baseline"):
+        trajectory_advantages([[[1.0]]], baseline="per_group")
