@@ -344,6 +344,8 @@ def eval_model(
     tensorboard_step: Annotated[int | None, typer.Option(help="TensorBoard step (default: the policy version).")] = None,
     run_id: Annotated[str | None, typer.Option(help="Run id (default: eval-model-<time>-<rand>).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling / tiny-model seed.")] = 0,
+    max_turns: Annotated[int, typer.Option(help="Kevin mode: turns per trajectory, each seeing the previous "
+                                                "kernel's feedback; reports every turn budget.")] = 1,
 ) -> None:
     """pass@k and fast_p of a base model or checkpoint: sample k per problem, evaluate through the queue.
 
@@ -354,7 +356,7 @@ def eval_model(
 
     raise typer.Exit(eval_model_cli(model, backend, checkpoint, level, source, problem, k, max_tokens, temperature,
                                     kernel_backend, device, out, timeout, trials, tensorboard_dir, tensorboard_step,
-                                    seed=seed, run_id=run_id))  # fmt: skip
+                                    seed=seed, run_id=run_id, max_turns=max_turns))  # fmt: skip
 
 
 @app.command()

@@ -292,12 +292,17 @@ class ModelEvalReport:
     error: str | None = None
     results_path: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    by_turn_budget: dict[int, ModelMetrics] = field(default_factory=dict)
+    """Multi-turn runs: the metrics of each trajectory cut to its first t turns (t = 1 … max_turns)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `EvalRunFinished.summary` and the results JSON's header: metrics flat, settings nested."""
-        return {"run_id": self.run_id, "model": self.model, "status": self.status, "error": self.error,
-                **self.metrics.to_dict(), "config": self.config, "results_path": self.results_path,
-                "seconds": dict(self.seconds)}  # fmt: skip
+        out = {"run_id": self.run_id, "model": self.model, "status": self.status, "error": self.error,
+               **self.metrics.to_dict(), "config": self.config, "results_path": self.results_path,
+               "seconds": dict(self.seconds)}  # fmt: skip
+        if self.by_turn_budget:
+            out["by_turn_budget"] = {str(t): m.to_dict() for t, m in self.by_turn_budget.items()}
+        return out
 
     def scalars(self, prefix: str = "eval_model/") -> dict[str, float]:
         """Headline numbers for TensorBoard (None values left out: unmeasured is not zero)."""
@@ -313,6 +318,9 @@ class ModelEvalReport:
             values |= {
                 (f"fast_{p_label(p)}" if kk == 1 else f"fast_{p_label(p)}@{kk}"): v for p, v in by_p.items()
             }
+        for t, mt in self.by_turn_budget.items():
+            values |= {f"turns_le_{t}/pass@{kk}": v for kk, v in mt.pass_at.items()}
+            values[f"turns_le_{t}/correct_rate"] = mt.correct_rate
         return {prefix + key: float(v) for key, v in values.items() if v is not None}
 
 
@@ -345,6 +353,7 @@ def evaluate_model(
     tensorboard_step: int | None = None,
     sample_batch: int = 8,
     verdict_timeout: float | None = None,
+    max_turns: int = 1,
 ) -> ModelEvalReport:
     """Sample k completions per problem, evaluate them through `queue`, score them; every fact an event.
 
@@ -356,6 +365,11 @@ def evaluate_model(
     `EvalRunFinished` itself, with the full report, after all verdicts are in (or `verdict_timeout`,
     default timeout_s × jobs + 600 s, has passed: then status "failed", the missing ones counted wrong).
     `tensorboard_step` defaults to the policy version, so evaluations of checkpoints line up with training.
+
+    `max_turns` > 1 evaluates in Kevin mode: each of the k samples of a problem is a trajectory that sees its
+    previous kernels' feedback (the training rollout, `kbrl.training.rollout`), and the report adds the
+    metrics for every turn budget (`by_turn_budget[t]`: each trajectory's best verdict within its first t
+    turns), so a user sees what the extra turns buy.
     """
     problems = list(problems)
     _check_args(problems, k, kernel_backend, device, sample_batch)
@@ -379,6 +393,12 @@ def evaluate_model(
     timeout = (
         verdict_timeout if verdict_timeout is not None else eval_config.timeout_s * len(problems) * k + 600
     )
+    if max_turns > 1:
+        return _evaluate_multi_turn(backend, problems, k=k, max_tokens=max_tokens, temperature=temperature,
+                                    kernel_backend=kernel_backend, store=store, queue=queue, eval_config=eval_config,
+                                    device=device, model_label=model_label, ps=ps, run_id=run_id, out=out,
+                                    tensorboard_dir=tensorboard_dir, tensorboard_step=tensorboard_step,
+                                    max_turns=max_turns, config=config, timed=timed, why_not=why_not)  # fmt: skip
     try:
         t0 = time.perf_counter()
         with _progress(progress) as bar:
@@ -426,6 +446,57 @@ def evaluate_model(
         log_tensorboard(
             report, tensorboard_dir, backend.policy_version if tensorboard_step is None else tensorboard_step
         )
+    return report
+
+
+def _evaluate_multi_turn(backend: Backend, problems: list[Problem], *, k: int, max_tokens: int, temperature: float,
+                         kernel_backend: str, store: EventStore, queue: JobQueue, eval_config: EvalConfig,
+                         device: Device, model_label: str, ps: Sequence[float], run_id: str, out: Path | None,
+                         tensorboard_dir: Path | None, tensorboard_step: int | None, max_turns: int,
+                         config: dict[str, Any], timed: bool, why_not: str) -> ModelEvalReport:  # fmt: skip
+    """Kevin-mode evaluation: the training rollout with k trajectories per problem, scored per turn budget."""
+    from dataclasses import replace
+
+    from kbrl.config import TrainConfig
+    from kbrl.training.replay import replay_run
+    from kbrl.training.rewards import preset
+    from kbrl.training.rollout import StepRollout
+
+    cfg = TrainConfig(mode="multi_turn", max_turns=max_turns, group_size=k, kernel_backend=kernel_backend,  # type: ignore[arg-type]
+                      max_tokens=max_tokens, temperature=temperature, eval_device=device)  # fmt: skip
+    weights = replace(preset(1), measure_performance=eval_config.measure_performance)
+    t0 = time.perf_counter()
+    try:
+        StepRollout(store=store, queue=queue, backend=backend, problems={p.id: p for p in problems}, run_id=run_id,
+                    cfg=cfg, eval_config=eval_config, device=device, weights=weights).run(0, [p.id for p in problems])  # fmt: skip
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/finished",
+                                  payload=EvalRunFinished(status=status, error=f"{type(exc).__name__}: {exc}"[-4000:])))  # fmt: skip
+        raise
+    step = replay_run(store, run_id).steps[0]
+    trajectories = step.trajectories()
+
+    def best(turns: list[Any]) -> SampleOutcome:
+        """A trajectory's verdict within a budget: its fastest correct turn, else its last turn."""
+        outcomes = [SampleOutcome(t.sample_id, t.problem_id, t.verdict, t.failed) for t in turns]
+        correct = [o for o in outcomes if o.correct]
+        return max(correct, key=lambda o: o.speedup or 0.0) if correct else outcomes[-1]
+
+    by_budget = {t: compute_metrics([best(turns[:t]) for turns in trajectories.values()], k=k, ps=ps, timed=timed,
+                                    not_timed_reason=why_not) for t in range(1, max_turns + 1)}  # fmt: skip
+    metrics = by_budget[max_turns]
+    report = ModelEvalReport(run_id=run_id, model=model_label, status="finished", config=config | {"max_turns": max_turns},
+                             metrics=metrics, results_path=str(out) if out is not None else None,
+                             seconds={"total": time.perf_counter() - t0}, by_turn_budget=by_budget)  # fmt: skip
+    if out is not None:
+        samples = {e.key: SampleGenerated.model_validate(e.payload) for e in store.read(run_id=run_id, types=[SampleGenerated])}
+        outcomes = [SampleOutcome(s.sample_id, s.problem_id, s.verdict, s.failed) for s in step.samples.values()]
+        write_results(out, report, samples, outcomes)
+    store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/finished",
+                              payload=EvalRunFinished(status=report.status, summary=report.to_dict())))  # fmt: skip
+    if tensorboard_dir is not None:
+        log_tensorboard(report, tensorboard_dir, backend.policy_version if tensorboard_step is None else tensorboard_step)
     return report
 
 
@@ -621,6 +692,7 @@ def eval_model_cli(
     ps: Sequence[float] = DEFAULT_PS,
     progress: bool = True,
     console: Any = None,
+    max_turns: int = 1,
 ) -> int:
     """`kbrl eval-model`: build store, queue, problems and policy from the options, run, print a summary.
 
@@ -651,8 +723,8 @@ def eval_model_cli(
         )
     if backend not in BACKENDS:
         return fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    if k < 1 or max_tokens < 1:
-        return fail("--k and --max-tokens must be at least 1")
+    if k < 1 or max_tokens < 1 or max_turns < 1:
+        return fail("--k, --max-tokens and --max-turns must be at least 1")
     try:
         problems = load_problems(source, level=level)
         eval_config = EvalConfig(n_trials=trials, timeout_s=timeout, device=device)
@@ -681,7 +753,8 @@ def eval_model_cli(
             report = evaluate_model(policy, problems, k=k, max_tokens=max_tokens, temperature=temperature,
                                     kernel_backend=kernel_backend, store=store, queue=queue, eval_config=eval_config,
                                     device=device, model_label=label, ps=ps, run_id=run_id, progress=progress,
-                                    out=out, tensorboard_dir=tensorboard_dir, tensorboard_step=tensorboard_step)  # fmt: skip
+                                    out=out, tensorboard_dir=tensorboard_dir, tensorboard_step=tensorboard_step,
+                                    max_turns=max_turns)  # fmt: skip
     except ValueError as exc:
         return fail(str(exc))
     finally:
@@ -722,6 +795,13 @@ def print_report(console: Any, report: ModelEvalReport) -> None:
     headline.add_row("speedup of correct (mean / geomean)", f"{x(m.mean_speedup)} / {x(m.geomean_speedup)}")
     headline.add_row("categories", ", ".join(f"{c} {n}" for c, n in sorted(m.categories.items())) or "-")
     console.print(headline)
+    if report.by_turn_budget:
+        budgets = Table("turns ≤", "pass@1", f"pass@{max(m.pass_at)}", "correct rate", "compile rate", "fast_1",
+                        title="what the extra turns buy")  # fmt: skip
+        for t, mt in report.by_turn_budget.items():
+            budgets.add_row(str(t), pct(mt.pass_at.get(1)), pct(mt.pass_at.get(max(mt.pass_at))), pct(mt.correct_rate),
+                            pct(mt.compile_rate), pct(mt.fast_p.get(1.0)))  # fmt: skip
+        console.print(budgets)
     for note in m.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     status = f"status {report.status}" + (f" ({report.error})" if report.error else "")

@@ -184,3 +184,27 @@ def test_scripted_fix_through_a_celery_worker(tmp_path: Path) -> None:
     _check_two_turn_trajectories(store)
     workers = {e.payload["worker"] for e in store.read(run_id="mt", types=[KernelEvaluated])}
     assert workers and all(w.startswith("mt-worker") for w in workers)
+
+
+def test_eval_model_reports_what_each_turn_budget_buys(tmp_path: Path) -> None:
+    """`kbrl eval-model --max-turns 2` with the scripted policy: nothing passes in one turn, all in two."""
+    import json
+
+    from kbrl.training.model_eval import evaluate_model
+
+    store = EventStore(f"sqlite:///{tmp_path / 'kbrl.db'}")
+    queue = LocalQueue(store, workers=2)
+    try:
+        report = evaluate_model(ScriptedPolicy(), [RELU], k=2, max_tokens=4096, temperature=1.0,
+                                kernel_backend="triton", store=store, queue=queue, eval_config=EVAL, device="cpu",
+                                model_label="scripted", run_id="ev-mt", progress=False, max_turns=2,
+                                out=tmp_path / "results.json")  # fmt: skip
+    finally:
+        queue.close()
+    one, two = report.by_turn_budget[1], report.by_turn_budget[2]
+    assert (one.pass_at[1], one.correct_rate, one.compile_rate) == (0.0, 0.0, 1.0)
+    assert (two.pass_at[1], two.pass_at[2], two.correct_rate) == (1.0, 1.0, 1.0)
+    assert two.fast_p[1.0] is None  # CPU: not timed, not zero
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["by_turn_budget"]["1"]["pass@1"] == 0.0 and summary["by_turn_budget"]["2"]["pass@1"] == 1.0
+    assert store.count("ev-mt", [KernelEvaluated]) == 4
