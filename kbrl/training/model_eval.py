@@ -422,9 +422,7 @@ def evaluate_model(
                                       after=started.position)  # fmt: skip
             seconds["total"] = time.perf_counter() - t0
     except BaseException as exc:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/finished",
-                                  payload=EvalRunFinished(status=status, error=f"{type(exc).__name__}: {exc}"[-4000:])))  # fmt: skip
+        _record_abort(store, run_id, exc)
         raise
     outcomes = [_outcome(sid, s.problem_id, found.get(sid)) for sid, s in samples.items()]
     metrics = compute_metrics(outcomes, k=k, ps=ps, timed=timed, not_timed_reason=why_not)
@@ -449,6 +447,13 @@ def evaluate_model(
     return report
 
 
+def _record_abort(store: EventStore, run_id: str, exc: BaseException) -> None:
+    """Close a run that an exception (or Ctrl-C) ended, so `kbrl runs` does not show it running forever."""
+    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/finished",
+                              payload=EvalRunFinished(status=status, error=f"{type(exc).__name__}: {exc}"[-4000:])))  # fmt: skip
+
+
 def _evaluate_multi_turn(backend: Backend, problems: list[Problem], *, k: int, max_tokens: int, temperature: float,
                          kernel_backend: str, store: EventStore, queue: JobQueue, eval_config: EvalConfig,
                          device: Device, model_label: str, ps: Sequence[float], run_id: str, out: Path | None,
@@ -470,9 +475,7 @@ def _evaluate_multi_turn(backend: Backend, problems: list[Problem], *, k: int, m
         StepRollout(store=store, queue=queue, backend=backend, problems={p.id: p for p in problems}, run_id=run_id,
                     cfg=cfg, eval_config=eval_config, device=device, weights=weights).run(0, [p.id for p in problems])  # fmt: skip
     except BaseException as exc:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/finished",
-                                  payload=EvalRunFinished(status=status, error=f"{type(exc).__name__}: {exc}"[-4000:])))  # fmt: skip
+        _record_abort(store, run_id, exc)
         raise
     step = replay_run(store, run_id).steps[0]
     trajectories = step.trajectories()
@@ -703,9 +706,8 @@ def eval_model_cli(
     from rich.console import Console
 
     from kbrl import settings
-    from kbrl.kernels.evaluator import resolve_device
     from kbrl.problems import ProblemLoadError, load_problems
-    from kbrl.workers.queue import make_queue
+    from kbrl.workers.queue import make_queue, resolve_eval_device
 
     console = console or Console()
 
@@ -713,8 +715,7 @@ def eval_model_cli(
         console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
         return 2
 
-    if device == "auto":
-        device = "cuda" if settings.broker_url() else resolve_device("auto")
+    device = resolve_eval_device(device)
     if device not in ("cuda", "cpu"):
         return fail(f"--device must be auto, cuda or cpu, not {device!r}")
     if kernel_backend not in BACKEND_NAMES:

@@ -211,16 +211,24 @@ def replay_advantages(store: EventStore, run_id: str, weights: RewardWeights | N
                       gamma: float | None = None) -> dict[int, tuple[StepScores, Mapping[str, Any] | None]]:  # fmt: skip
     """Every step's scores recomputed from the log, next to what its live update recorded.
 
-    Without `weights`, the run's own reward weights (from its `RunStarted` config) are used, so the result
+    Without `weights`/`gamma`, the run's own settings (from its `RunStarted` config) are used, so the result
     must equal the logged `PolicyUpdated.advantages` exactly.
     """
+    return advantages_of(replay_run(store, run_id), weights, gamma)
+
+
+def run_config(state: RunState) -> Any:
+    """The `TrainConfig` a training run recorded in its `RunStarted` event."""
     from kbrl.config import TrainConfig
 
-    state = replay_run(store, run_id)
     if not state.config:
-        raise ValueError(f"run {run_id!r} has no RunStarted event: not a training run")
-    cfg = TrainConfig.model_validate(state.config)
-    weights = weights or cfg.reward_weights()
-    gamma = cfg.gamma if gamma is None else gamma
+        raise ValueError(f"run {state.run_id!r} has no RunStarted event: not a training run")
+    return TrainConfig.model_validate(state.config)
+
+
+def advantages_of(state: RunState, weights: RewardWeights | None = None,
+                  gamma: float | None = None) -> dict[int, tuple[StepScores, Mapping[str, Any] | None]]:  # fmt: skip
+    """`replay_advantages` on a state already replayed."""
+    cfg = run_config(state)
     return {n: (run_step_scores(step, cfg, weights, gamma), step.update)
             for n, step in sorted(state.steps.items()) if step.samples}  # fmt: skip

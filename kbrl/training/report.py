@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 from kbrl.events.store import EventStore
-from kbrl.training.replay import replay_advantages
 from kbrl.training.rewards import RewardWeights, from_config, preset
 
 
@@ -34,18 +33,14 @@ def print_advantages(url: str, run_id: str, weights_spec: str | None, as_json: b
     from rich.console import Console
     from rich.table import Table
 
-    from kbrl.config import TrainConfig
-    from kbrl.training.replay import replay_run
+    from kbrl.training.replay import advantages_of, replay_run, run_config
 
-    store = EventStore(url)
-    state = replay_run(store, run_id)
-    if not state.config:
-        raise ValueError(f"run {run_id!r} has no RunStarted event: not a training run")
-    own = TrainConfig.model_validate(state.config).reward_weights()
+    state = replay_run(EventStore(url), run_id)
+    own = run_config(state).reward_weights()
     weights = parse_weights(weights_spec, own) if weights_spec else None
     if gamma is not None and not 0.0 <= gamma <= 1.0:
         raise ValueError(f"--gamma must be in [0, 1], got {gamma}")
-    steps = replay_advantages(store, run_id, weights, gamma)
+    steps = advantages_of(state, weights, gamma)
     what_if = weights is not None or gamma is not None
     mismatches = 0
     rows = []

@@ -41,11 +41,12 @@ class StepRollout:
     """Runs the rollout of training step `number` against the store, the queue and the policy."""
 
     def __init__(self, *, store: EventStore, queue: JobQueue, backend: Backend, problems: dict[str, Problem],
-                 run_id: str, cfg: Any, eval_config: EvalConfig, device: str, weights: RewardWeights) -> None:  # fmt: skip
+                 run_id: str, cfg: Any, eval_config: EvalConfig, device: str, weights: RewardWeights,
+                 replayer: Replayer | None = None) -> None:  # fmt: skip
         self.store, self.queue, self.backend, self.problems = store, queue, backend, problems
         self.run_id, self.cfg, self.eval_config, self.device, self.weights = run_id, cfg, eval_config, device, weights
         self.max_turns = cfg.max_turns if cfg.mode == "multi_turn" else 1
-        self.replayer = Replayer(store, run_id)
+        self.replayer = replayer or Replayer(store, run_id)
         self._submitted: set[str] = set()
         self.sample_seconds = 0.0
 

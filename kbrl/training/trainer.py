@@ -32,7 +32,7 @@ from kbrl.events.payloads import (
     RunStarted,
 )
 from kbrl.events.store import EventStore, NewEvent
-from kbrl.kernels.evaluator import EvalConfig, resolve_device
+from kbrl.kernels.evaluator import EvalConfig
 from kbrl.metrics.projections import MetricsLogger, RunProjection, log_step
 from kbrl.problems import load_problems
 from kbrl.problems.model import Problem
@@ -40,7 +40,7 @@ from kbrl.prompts import task_messages
 from kbrl.training.backends import AdamParams, Backend, make_backend
 from kbrl.training.datums import TrainDatum, build_datum
 from kbrl.training.replay import (
-    RunState,
+    Replayer,
     Step,
     StepScores,
     decode_numbers,
@@ -48,7 +48,7 @@ from kbrl.training.replay import (
     run_step_scores,
 )
 from kbrl.training.rollout import StepRollout
-from kbrl.workers.queue import JobQueue
+from kbrl.workers.queue import JobQueue, resolve_eval_device
 
 
 class TrainingError(RuntimeError):
@@ -98,11 +98,7 @@ def make_policy(cfg: TrainConfig, log_path: Path, problems: list[Problem]) -> Ba
 
 def eval_config(cfg: TrainConfig) -> tuple[EvalConfig, str]:
     """Evaluator settings for the run's jobs, and the queue device (cuda → GPU workers, cpu → CPU workers)."""
-    device = cfg.eval_device
-    if device == "auto":  # with a broker the GPU workers judge, wherever the trainer runs; else this host
-        from kbrl import settings
-
-        device = "cuda" if settings.broker_url() else resolve_device("auto")
+    device = resolve_eval_device(cfg.eval_device)
     weights = cfg.reward_weights()
     config = EvalConfig(n_trials=cfg.eval_n_trials, tolerance=cfg.eval_tolerance, timeout_s=cfg.eval_timeout_s,
                         measure_performance=weights.measure_performance, device=device)  # fmt: skip
@@ -124,12 +120,15 @@ class Trainer:
         self.weights = cfg.reward_weights()
         self.eval_config, self.device = eval_config(cfg)
         self.console = console
+        # One incremental fold of the run's events, shared with each step's rollout: every decision reads
+        # the store, and no step re-reads the whole run.
+        self.replayer = Replayer(store, run_id)
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> list[StepReport]:
         """Train until `n_steps` steps are done; returns the reports of the steps done in this call."""
-        state = replay_run(self.store, self.run_id)
+        state = self.replayer.update()
         if not state.config:
             self._append(NewEvent(self.run_id, f"run/{self.run_id}", f"{self.run_id}/started",
                                   RunStarted(config=config_to_dict(self.cfg), git_sha=git_sha(),
@@ -152,8 +151,7 @@ class Trainer:
         status, error = "failed", None
         try:
             for number in range(first, self.cfg.n_steps):
-                reports.append(self.train_step(number, state))
-                state = replay_run(self.store, self.run_id)
+                reports.append(self.train_step(number))
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -168,16 +166,16 @@ class Trainer:
                                   RunFinished(status=status, error=error)))  # fmt: skip
         return reports
 
-    def train_step(self, number: int, state: RunState) -> StepReport:
+    def train_step(self, number: int) -> StepReport:
         started = time.perf_counter()
-        step = state.steps.get(number) or Step(number)
-        problem_ids = step.problem_ids or self._select_problems(number)
+        step = self.replayer.update().steps.get(number)
+        problem_ids = (step.problem_ids if step else None) or self._select_problems(number)
         rollout = StepRollout(store=self.store, queue=self.queue, backend=self.backend, problems=self.problems,
                               run_id=self.run_id, cfg=self.cfg, eval_config=self.eval_config, device=self.device,
-                              weights=self.weights)  # fmt: skip
+                              weights=self.weights, replayer=self.replayer)  # fmt: skip
         timings = rollout.run(number, problem_ids)
         timings["time/eval_s"] = timings["time/rollout_s"] - timings["time/sample_s"]  # waiting on verdicts
-        step = replay_run(self.store, self.run_id).steps[number]
+        step = self.replayer.update().steps[number]
         scores = run_step_scores(step, self.cfg, self.weights)
         self._update(number, step, scores, started, timings)
         self.projection.update(self.store)

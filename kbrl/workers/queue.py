@@ -101,6 +101,18 @@ class CeleryQueue:
         self.app.close()
 
 
+def resolve_eval_device(device: str) -> str:
+    """Where jobs are judged for a requested device: "auto" means the GPU workers when a broker is
+    configured (wherever the producer runs), else this host's device. Shared by the trainer and eval-model."""
+    if device != "auto":
+        return device
+    if settings.broker_url():
+        return "cuda"
+    from kbrl.kernels.evaluator import resolve_device
+
+    return resolve_device("auto")
+
+
 def make_queue(store: EventStore, broker_url: str | None = None, local_workers: int = 2) -> JobQueue:
     """Celery when a broker is configured (argument or `KBRL_BROKER_URL`), else the in-process queue."""
     url = broker_url or settings.broker_url()
