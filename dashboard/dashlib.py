@@ -19,9 +19,7 @@ from kbrl import settings
 from kbrl.events.store import EventStore, RunInfo
 from kbrl.metrics.projections import RunProjection, fmt
 from kbrl.training.replay import Sample, decode_numbers
-
-WORKERS_RUN = "_workers"
-"""The reserved run that holds worker heartbeats (`kbrl.workers.heartbeat.WORKERS_RUN`)."""
+from kbrl.workers.heartbeat import WORKERS_RUN
 
 
 def refresh_s() -> float:
