@@ -125,9 +125,10 @@ def run_evaluation(
                 if store is not None:
                     from kbrl.events.payloads import KernelEvaluated
                     from kbrl.events.store import NewEvent
+                    from kbrl.workers.jobs import evaluated_key
 
                     store.append([NewEvent(run_id=run_id, stream=f"sample/{cand.sample_id}",
-                                           key=f"{run_id}/{cand.sample_id}/evaluated",
+                                           key=evaluated_key(run_id, cand.sample_id),
                                            payload=KernelEvaluated(sample_id=cand.sample_id, problem_id=cand.problem.id,
                                                                    worker=worker, gpu=evaluator.device,
                                                                    result=result.to_dict()))])  # fmt: skip
