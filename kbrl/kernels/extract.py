@@ -11,8 +11,23 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import threading
 
-__all__ = ["extract_code", "strip_reasoning"]
+__all__ = ["extract_code", "parse_python", "strip_reasoning"]
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(code: str) -> ast.Module:
+    """`ast.parse`, one call at a time in this process.
+
+    CPython 3.11 keeps the AST constructor's recursion counter in shared state: two threads parsing at
+    once (the evaluator's `evaluate_many` and `LocalQueue` evaluate candidates on threads) can fail with
+    "SystemError: AST constructor recursion depth mismatch" (seen in CI). Parsing a candidate takes
+    milliseconds, so serializing it costs nothing measurable.
+    """
+    with _PARSE_LOCK:
+        return ast.parse(code)
 
 # Languages whose fenced blocks may hold the candidate; "" is a fence with no language.
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3", "py3", "ipython", "python-repl", "pycon"})
@@ -67,7 +82,7 @@ def _fenced_blocks(text: str) -> list[tuple[str, str]]:
 
 def _parses(code: str) -> ast.Module | None:
     try:
-        return ast.parse(code)
+        return parse_python(code)
     except (SyntaxError, ValueError):
         return None
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kbrl.kernels.extract import parse_python
 from kbrl.kernels.result import CheatFlag
 
 __all__ = ["StaticReport", "check_static"]
@@ -1235,7 +1236,7 @@ def check_static(code: str, reference_code: str | None = None, precision: str = 
     """Check a candidate module (already extracted from the completion) against its reference problem."""
     report = StaticReport()
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as exc:
         text = (exc.text or "").strip()
         report.format_errors.append(
@@ -1278,7 +1279,7 @@ def _check_parsed(tree: ast.Module, report: StaticReport, reference_code: str | 
     reference = None
     if reference_code:
         try:
-            reference = _Module(ast.parse(reference_code))
+            reference = _Module(parse_python(reference_code))
         except (SyntaxError, ValueError, RecursionError):
             reference = None
     _Checker(mod, report, precision).run(reference)
