@@ -72,12 +72,14 @@ def _verdicts(store: EventStore, run_id: str) -> list[str]:
 
 
 def _runner_pids() -> set[int]:
-    """Live sandbox processes running the candidate harness (`python -m kbrl.kernels.runner`)."""
+    """Live sandbox processes: candidates started cold (`python -m kbrl.kernels.runner`), and the warm
+    fork server with every candidate it forked (`python -m kbrl.kernels.warm_pool`)."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"kbrl.kernels.runner" in (entry / "cmdline").read_bytes():
+                cmdline = (entry / "cmdline").read_bytes()
+                if b"kbrl.kernels.runner" in cmdline or b"kbrl.kernels.warm_pool" in cmdline:
                     pids.add(int(entry.name))
             except OSError:
                 continue

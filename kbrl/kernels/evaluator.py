@@ -28,8 +28,9 @@ from kbrl import settings
 from kbrl.kernels.extract import extract_code
 from kbrl.kernels.feedback import clean_error, is_out_of_memory, render_feedback
 from kbrl.kernels.result import Category, CheatFlag, EvalResult, TimingStats
-from kbrl.kernels.sandbox import SandboxExit, SandboxLimits, SandboxProcess, scrubbed_env
+from kbrl.kernels.sandbox import SandboxExit, SandboxLimits, SandboxProcess, launch, scrubbed_env
 from kbrl.kernels.static_checks import check_static
+from kbrl.kernels.warm_pool import ForkServer, ForkServerError, fork_server
 from kbrl.problems.model import Problem
 
 # KernelBench tolerance presets: v0/v0.1 used 1e-2 everywhere; upstream now uses 1e-4 for fp32.
@@ -77,6 +78,9 @@ class EvalConfig:
     device: str = "auto"
     static_checks: bool = True
     isolate: bool = True
+    # Fork each candidate's process from a warm server that has imported torch and Triton once
+    # (kbrl.kernels.warm_pool); off: a fresh interpreter per candidate (seconds of start-up each).
+    warm_pool: bool = True
     keep_workdir: bool = False
 
     def __post_init__(self) -> None:
@@ -169,6 +173,7 @@ class Evaluator:
         self._lock = threading.Lock()
         self._device_lock = threading.Lock()
         self._reference_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kbrl-reference")
+        self._warned_cold = False
 
     @contextmanager
     def _device_slot(self, proc: SandboxProcess) -> Iterator[None]:
@@ -377,19 +382,39 @@ class Evaluator:
             **extra,
         }
 
-    def _spawn(self, workdir: Path, job: dict[str, Any], limits: SandboxLimits) -> SandboxProcess:
-        (workdir / "job.json").write_text(json.dumps(job))
-        extra = {
-            "PYTHONPATH": _kbrl_root(),
-            "TRITON_CACHE_DIR": str(self.cache_dir / "triton"),
-            "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
-        }
+    def _sandbox_env(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(what an interpreter fixes at import, what each job sets) for the sandboxed runner."""
+        fixed = {"PYTHONPATH": _kbrl_root()}
         if not self.device.startswith("cuda"):
-            extra["TRITON_INTERPRET"] = "1"
-            extra["CUDA_VISIBLE_DEVICES"] = ""
-        env = scrubbed_env(extra, workdir)
+            fixed["TRITON_INTERPRET"] = "1"
+            fixed["CUDA_VISIBLE_DEVICES"] = ""
+        per_job = {"TRITON_CACHE_DIR": str(self.cache_dir / "triton"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor")}  # fmt: skip
+        return scrubbed_env(fixed), per_job
+
+    def warm_server(self) -> ForkServer | None:
+        """The warm fork server this evaluator's candidates come from (None with `warm_pool` off)."""
+        if not self.config.warm_pool:
+            return None
+        return fork_server(self._sandbox_env()[0], self.config.isolate, self.cache_dir / "forkserver")
+
+    def _spawn(self, workdir: Path, job: dict[str, Any], limits: SandboxLimits) -> SandboxProcess:
+        """A sandboxed runner process for `job`: forked from the warm server, or (if that is off or
+        broken) a fresh interpreter. Either way one process serves exactly one job."""
+        (workdir / "job.json").write_text(json.dumps(job))
+        fixed, per_job = self._sandbox_env()
+        cpu_memory_limit = not self.device.startswith("cuda")
+        try:
+            server = self.warm_server()
+            if server is not None:
+                return server.spawn(workdir, workdir / "job.json", per_job, limits, cpu_memory_limit)
+        except ForkServerError as exc:
+            if not self._warned_cold:
+                self._warned_cold = True
+                print(f"kbrl: warm sandbox pool unavailable, starting candidates cold: {exc}", file=sys.stderr)
+        env = scrubbed_env({**fixed, **per_job}, workdir)
         argv = [sys.executable, "-m", "kbrl.kernels.runner", str(workdir / "job.json")]
-        return SandboxProcess(argv, workdir, env, limits, cpu_memory_limit=not self.device.startswith("cuda"))
+        return launch(argv, workdir, env, limits, cpu_memory_limit=cpu_memory_limit)
 
     def _run_candidate(self, problem: Problem, code: str, reference: Future[_Reference], result: EvalResult) -> None:
         import torch
@@ -409,7 +434,10 @@ class Evaluator:
             )  # fmt: skip
             limits = SandboxLimits(cfg.timeout_s, cfg.memory_mb, isolate=cfg.isolate)
             phase1 = timing_msg = judged = ref = None
-            with self._spawn(workdir, job, limits) as proc:
+            spawn_started = time.perf_counter()
+            sandbox = self._spawn(workdir, job, limits)
+            result.stage_seconds["spawn"] = time.perf_counter() - spawn_started
+            with sandbox as proc:
                 if proc.receive("ready") is None:  # failed to build or load: its report (if any) is queued
                     phase1 = proc.receive("phase1")
                 else:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 # Variables a candidate may see. Everything else (TINKER_API_KEY, AWS_*, KBRL_DATABASE_URL, ...) is dropped.
 ENV_ALLOWLIST = (
@@ -134,8 +134,12 @@ def _die_with_parent() -> None:
 
 
 def _session_rss_mb(session_id: int) -> float:
-    """Resident memory of every process in the child's session (the candidate, its compilers, its threads)."""
-    total_pages = 0
+    """Memory of every process in the child's session (the candidate, its compilers, its threads).
+
+    Proportional set size where the kernel gives it: children forked from a warm interpreter share its
+    pages copy-on-write, and plain RSS would count those once per process.
+    """
+    total_kb = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -144,11 +148,22 @@ def _session_rss_mb(session_id: int) -> float:
                 fields = fh.read().rsplit(b")", 1)[1].split()
             if int(fields[3]) != session_id:  # field 6 (session) after the ")"-terminated comm
                 continue
-            with open(f"/proc/{entry.name}/statm", "rb") as fh:
-                total_pages += int(fh.read().split()[1])
+            total_kb += _process_memory_kb(entry.name)
         except (OSError, IndexError, ValueError):
             continue
-    return total_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return total_kb / 1024
+
+
+def _process_memory_kb(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    with open(f"/proc/{pid}/statm", "rb") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def _tail(path: Path, limit: int = _TAIL_BYTES) -> str:
@@ -164,51 +179,72 @@ def _tail(path: Path, limit: int = _TAIL_BYTES) -> str:
     return ("…[truncated]\n" + text) if size > limit else text
 
 
-class SandboxProcess:
-    """One running candidate process. Use as a context manager; `kill()` is always safe to call."""
+class ChildHandle(Protocol):
+    """What supervising a candidate needs of its process: `subprocess.Popen`, or a child forked by the
+    warm pool (`kbrl.kernels.warm_pool`). `pid` leads the child's session, so killing its group (and
+    summing its session's memory) reaches everything the candidate started."""
 
-    def __init__(
-        self,
-        argv: list[str],
-        workdir: Path,
-        env: dict[str, str],
-        limits: SandboxLimits,
-        cpu_memory_limit: bool,
-    ) -> None:
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def launch(argv: list[str], workdir: Path, env: dict[str, str], limits: SandboxLimits,
+           cpu_memory_limit: bool) -> SandboxProcess:  # fmt: skip
+    """Start `argv` as a fresh sandboxed process (the cold path: a new interpreter per candidate)."""
+    read_fd, write_fd = os.pipe()
+    env = dict(env)
+    env[MESSAGE_FD_ENV] = str(write_fd)
+    namespaced = limits.isolate and namespaces_available()
+    if namespaced:
+        # A shell as PID 1 of the new namespace: the kernel ignores default-action signals sent to a
+        # namespace's init, so the candidate must not be PID 1 or its own abort() would not end it.
+        argv = [
+            "unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
+            "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv,
+        ]  # fmt: skip
+    memory = limits.memory_mb if cpu_memory_limit else None
+    with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            preexec_fn=lambda: _set_limits(memory, limits.file_size_mb),
+        )
+    os.close(write_fd)
+    return SandboxProcess(proc, read_fd, workdir, limits, namespaced)
+
+
+class SandboxProcess:
+    """Supervises one running candidate process (however it was started). Use as a context manager;
+    `kill()` is always safe to call.
+
+    `namespaced`: the candidate runs under a PID-namespace init that reports a signal death as 128 + N.
+    """
+
+    def __init__(self, proc: ChildHandle, read_fd: int, workdir: Path, limits: SandboxLimits,
+                 namespaced: bool) -> None:  # fmt: skip
+        self.proc = proc
         self.workdir = workdir
         self.limits = limits
+        self.namespaced = namespaced
         self._stdout = workdir / "stdout.txt"
         self._stderr = workdir / "stderr.txt"
         self._messages: list[dict[str, Any]] = []
         self._buffer = b""
         self._killed_for: str | None = None
         self._peak_rss = 0.0
-        read_fd, write_fd = os.pipe()
-        env = dict(env)
-        env[MESSAGE_FD_ENV] = str(write_fd)
-        if limits.isolate and namespaces_available():
-            # A shell as PID 1 of the new namespace: the kernel ignores default-action signals sent to a
-            # namespace's init, so the candidate must not be PID 1 or its own abort() would not end it.
-            argv = [
-                "unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
-                "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv,
-            ]  # fmt: skip
-        memory = limits.memory_mb if cpu_memory_limit else None
-        self.started = time.monotonic()
-        with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-                preexec_fn=lambda: _set_limits(memory, limits.file_size_mb),
-            )
-        os.close(write_fd)
         self._read_fd = read_fd
+        self.started = time.monotonic()
         self._deadline = self.started + limits.timeout_s
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
@@ -323,7 +359,7 @@ class SandboxProcess:
         sig: str | None = None
         if rc is not None and rc < 0:
             sig = signal.Signals(-rc).name
-        elif rc is not None and rc > 128 and self.limits.isolate and namespaces_available():
+        elif rc is not None and rc > 128 and self.namespaced:
             try:  # the namespace's shell reports a signal-killed child as 128 + N
                 sig = signal.Signals(rc - 128).name
             except ValueError:
