@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu_eval.json"))
     parser.add_argument("--jobs", type=int, default=4, help="candidates in flight (timing stays serial)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--repeat-samples", default="builtin/L1/5/triton,builtin/L1/1/cuda")
+    parser.add_argument("--repeat-samples", default="builtin/L1/5/triton,builtin/L1/1/cuda,builtin/L1/4/cuda")
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args()
 
@@ -84,7 +84,9 @@ def main() -> None:
             r = fresh.evaluate(target.problem, target.text)
             repeats.append({"speedup_eager": r.speedup_eager, "runtime_ms": r.runtime.median_ms if r.runtime else None,
                             "eager_ms": r.ref_eager.median_ms if r.ref_eager else None,
-                            "method": r.runtime.method if r.runtime else None})  # fmt: skip
+                            "method": r.runtime.method if r.runtime else None, "interval": r.speedup_eager_ci,
+                            "pairs": r.runtime.n_trials if r.runtime else None,
+                            "flags": [f.name for f in r.cheat_flags]})  # fmt: skip
             print(f"repeat {sample} {k}: {repeats[-1]}", flush=True)
         speedups = [x["speedup_eager"] for x in repeats if x["speedup_eager"]]
         runtimes = [x["runtime_ms"] for x in repeats if x["runtime_ms"]]

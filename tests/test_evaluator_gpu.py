@@ -66,8 +66,52 @@ def test_builtin_solutions_compile_verify_and_time(evaluator: Evaluator) -> None
     bad = {candidates[i].sample_id: (r.category, r.error[:400]) for i, r in results.items() if not r.correct}
     assert not bad
     for r in results.values():
-        assert r.timing_available and r.runtime is not None and r.runtime.n_trials == 100
-        assert r.speedup_eager is not None and r.speedup_eager > 0
+        assert r.timing_available and r.runtime is not None and r.ref_eager is not None
+        assert r.runtime.n_trials == r.ref_eager.n_trials >= evaluator.config.min_timing_pairs  # pairs
+        assert r.speedup_eager is not None and r.speedup_eager > 0 and r.speedup_eager_ci is not None
+        low, high = r.speedup_eager_ci
+        assert low <= r.speedup_eager <= high
+    server = evaluator.warm_server()
+    assert server is not None and server.alive  # every candidate above was forked from it
+
+
+def test_a_reference_slowed_in_the_candidates_process_is_not_believed(tmp_path: Path) -> None:
+    """A candidate that makes the reference slower in its own process (to inflate its speedup) gets the
+    speedup against the trusted baseline instead, with a warning."""
+    unchecked = Evaluator(EvalConfig(device="cuda", static_checks=False), cache_dir=tmp_path)
+    (honest,) = [c for c in builtin_candidates(backend="triton") if c.problem.id == "builtin/L1/5"]
+    slow_reference = honest.text.replace("\nclass ModelNew", """
+import sys as _sys
+_Model = _sys.modules["kbrl_problem"].Model
+_forward = _Model.forward
+def _slow(self, *args):
+    for _ in range(4):
+        _forward(self, *args)
+    return _forward(self, *args)
+_Model.forward = _slow
+
+class ModelNew""", 1)
+    fair = unchecked.evaluate(honest.problem, honest.text)
+    tampered = unchecked.evaluate(honest.problem, slow_reference)
+    assert fair.correct and tampered.correct, (fair.error, tampered.error)
+    assert "reference_timing_mismatch" in [f.name for f in tampered.cheat_flags]
+    assert "reference_timing_mismatch" not in [f.name for f in fair.cheat_flags]
+    assert tampered.speedup_eager is not None and fair.speedup_eager is not None
+    assert tampered.speedup_eager < 1.5 * fair.speedup_eager  # not the ~5x the tampering aimed at
+
+
+def test_inputs_are_made_on_the_gpu_and_identical_per_seed() -> None:
+    from kbrl.kernels.runner import load_module, make_inputs
+
+    problem = get_problem("builtin/L1/5")
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kbrl_inputs_problem_{os.getpid()}.py"
+    path.write_text(problem.code)
+    module = load_module(path, "kbrl_inputs_problem")
+    a = make_inputs(module, 7, "cuda", "fp32")
+    b = make_inputs(module, 7, "cuda", "fp32")
+    c = make_inputs(module, 8, "cuda", "fp32")
+    assert all(t.is_cuda for t in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and not torch.equal(a[0], c[0])
 
 
 def test_cuda_build_is_cached(evaluator: Evaluator) -> None:

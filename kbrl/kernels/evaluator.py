@@ -70,6 +70,18 @@ class EvalConfig:
     # "events" per candidate when capture fails). "events": call forward directly, as KernelBench does.
     timing_method: str = "graph"
     flush_l2: bool = True
+    # Paired timing: the candidate's process also times the reference, interleaved A/B/B/A, until the
+    # median speedup's ~95 % interval is within ±timing_target_ci (min/max pairs, a time budget).
+    # Off: the candidate alone, n_timing_trials calls, against the cached baseline (KernelBench's way).
+    paired_timing: bool = True
+    min_timing_pairs: int = 30
+    max_timing_pairs: int = 2000
+    timing_target_ci: float = 0.005
+    timing_budget_s: float = 3.0
+    # The in-process reference time must agree with the trusted baseline (timed in its own process)
+    # within this fraction, or the speedup falls back to the baseline (a candidate could slow the
+    # reference down in its own process); this bounds what tampering with it could gain.
+    reference_drift_tolerance: float = 0.15
     baseline_compile: bool = True
     timeout_s: float = 180.0
     reference_timeout_s: float = 900.0
@@ -430,7 +442,9 @@ class Evaluator:
                 problem_path=str(workdir / "problem.py"), candidate_path=str(workdir / "candidate.py"),
                 outputs_path=str(workdir / "outputs.pt"), gpu_memory_fraction=cfg.gpu_memory_fraction,
                 timing={"n_warmup": cfg.n_warmup, "n_trials": cfg.n_timing_trials, "flush_l2": cfg.flush_l2,
-                        "method": cfg.timing_method},
+                        "method": cfg.timing_method, "paired": cfg.paired_timing, "min_pairs": cfg.min_timing_pairs,
+                        "max_pairs": cfg.max_timing_pairs, "target_rel_ci": cfg.timing_target_ci,
+                        "budget_s": cfg.timing_budget_s},
             )  # fmt: skip
             limits = SandboxLimits(cfg.timeout_s, cfg.memory_mb, isolate=cfg.isolate)
             phase1 = timing_msg = judged = ref = None
@@ -563,14 +577,32 @@ class Evaluator:
             result.stage_seconds["timing"] = timing_msg.get("seconds", 0.0)
             method = result.runtime.method  # compare like with like: baselines were timed both ways
             result.ref_eager, result.ref_compile = ref.eager.get(method), ref.compile.get(method)
-            if result.ref_eager:
+            notes = [ref.baseline_note] if ref.baseline_note else []
+            if timing_msg.get("paired"):
+                self._paired_speedup(result, timing_msg["paired"])
+            elif result.ref_eager:
                 result.speedup_eager = result.ref_eager.median_ms / result.runtime.median_ms
             if result.ref_compile:
                 result.speedup_compile = result.ref_compile.median_ms / result.runtime.median_ms
-            notes = [ref.baseline_note] if ref.baseline_note else []
             if method != self.config.timing_method:
                 notes.append("forward could not be captured in a CUDA graph: timed call by call (events)")
             result.timing_note = "; ".join(notes)
+
+    def _paired_speedup(self, result: EvalResult, paired: dict[str, Any]) -> None:
+        """Speedup from the interleaved in-process timing, if its reference agrees with the trusted baseline."""
+        in_process = TimingStats(**paired["reference"])
+        trusted = result.ref_eager
+        drift = in_process.median_ms / trusted.median_ms - 1 if trusted else 0.0
+        if trusted and abs(drift) > self.config.reference_drift_tolerance:
+            result.cheat_flags.append(CheatFlag(
+                "reference_timing_mismatch",
+                f"the reference ran {drift:+.0%} off its trusted baseline inside the candidate's process; "
+                "the speedup uses the baseline instead", "warning"))  # fmt: skip
+            result.speedup_eager = trusted.median_ms / result.runtime.median_ms  # type: ignore[union-attr]
+            return
+        result.ref_eager = in_process
+        result.speedup_eager = float(paired["speedup"])
+        result.speedup_eager_ci = [float(x) for x in paired["interval"]]
 
     def _finish(self, result: EvalResult, started: float) -> EvalResult:
         result.stage_seconds["total"] = time.perf_counter() - started

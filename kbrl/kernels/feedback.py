@@ -102,7 +102,9 @@ def render_feedback(result: EvalResult) -> str:
     if result.correct and result.runtime is not None:
         lines.append(f"Runtime: {result.runtime.median_ms:.4f} ms")
         if result.speedup_eager is not None:
-            lines.append(f"Speedup vs PyTorch eager: {result.speedup_eager:.2f}x")
+            ci = result.speedup_eager_ci
+            interval = f" (95% interval {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""
+            lines.append(f"Speedup vs PyTorch eager: {result.speedup_eager:.2f}x{interval}")
         if result.speedup_compile is not None:
             lines.append(f"Speedup vs torch.compile: {result.speedup_compile:.2f}x")
     elif result.correct and not result.timing_available:

@@ -62,6 +62,8 @@ class EvalResult:
     ref_compile: TimingStats | None = None
     speedup_eager: float | None = None
     speedup_compile: float | None = None
+    # ~95 % interval [low, high] of speedup_eager when it comes from paired in-process timing.
+    speedup_eager_ci: list[float] | None = None
     timing_available: bool = False
     timing_note: str = ""
     cheat_flags: list[CheatFlag] = field(default_factory=list)

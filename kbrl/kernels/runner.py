@@ -71,13 +71,27 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def make_inputs(problem: ModuleType, seed: int, device: str, precision: str) -> list[Any]:
-    """KernelBench semantics: seed, call `get_inputs()` (CPU tensors), move to the device, cast floats."""
+    """Seeded inputs created where they are used: `get_inputs()` runs under `torch.device(device)`, so
+    its factory calls (randn, rand, …) allocate and fill on the GPU instead of filling gigabytes on the
+    CPU and copying them over. Reference and candidate call this with the same seed on the same device,
+    so they see identical values. Unlike KernelBench (CPU generator, then `.cuda()`), the values on a GPU
+    come from the CUDA generator: same distributions, different numbers for a given seed. A
+    `get_inputs()` that cannot run that way (e.g. it goes through NumPy) is run on the CPU as KernelBench
+    does. Floating tensors are cast to `precision`."""
     import torch
 
-    torch.manual_seed(seed)
     dtype = _dtype(precision)
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA generator
+    try:
+        with torch.device(device):
+            values = list(problem.get_inputs())
+    except Exception:
+        if device == "cpu":
+            raise
+        torch.manual_seed(seed)
+        values = list(problem.get_inputs())
     out = []
-    for value in problem.get_inputs():
+    for value in values:
         if isinstance(value, torch.Tensor):
             value = value.to(device)
             if value.is_floating_point():
@@ -171,9 +185,57 @@ def _capture_graph(fn: Any, args: list[Any]) -> Any:
         return None
 
 
+class _Timer:
+    """One timed call at a time: L2 flush, sync, (pre-roll), event, call, event, sync.
+
+    The CUDA primitives are bound when the timer is made, which the candidate harness does before it
+    imports the candidate: a candidate that later rebinds `torch.cuda.Event` or `synchronize` in
+    Python does not change what measures it.
+    """
+
+    def __init__(self, flush_l2: bool) -> None:
+        import torch
+
+        self.event = torch.cuda.Event
+        self.elapsed = torch.cuda.Event.elapsed_time
+        self.record = torch.cuda.Event.record
+        self.sync = torch.cuda.synchronize
+        self.sleep = torch.cuda._sleep
+        self.flush_l2 = flush_l2
+        self._flush: Any = None
+
+    def once(self, call: Any, graph: bool) -> float:
+        import torch
+
+        if self.flush_l2 and self._flush is None:
+            self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        if self._flush is not None:
+            self._flush.zero_()
+        self.sync()
+        if graph:
+            # Keep the GPU busy while the host enqueues start → replay → end, so the interval holds
+            # only GPU work, not the host's submission latency (a few µs, and noisy).
+            self.sleep(PREROLL_CYCLES)
+        start, end = self.event(enable_timing=True), self.event(enable_timing=True)
+        self.record(start)
+        call()
+        self.record(end)
+        self.sync()
+        return float(self.elapsed(start, end))
+
+    def prepare(self, fn: Any, args: list[Any], n_warmup: int, method: str) -> tuple[Any, bool]:
+        """Warm `fn` up and return (what to call per trial, whether it is a CUDA-graph replay)."""
+        for _ in range(n_warmup):
+            fn(*args)
+        self.sync()
+        graph = _capture_graph(fn, args) if method == "graph" else None
+        return (graph.replay, True) if graph is not None else ((lambda: fn(*args)), False)
+
+
 def time_calls(
-    fn: Any, args: list[Any], n_warmup: int, n_trials: int, flush_l2: bool, method: str = "graph"
-) -> dict[str, Any]:
+    fn: Any, args: list[Any], n_warmup: int, n_trials: int, flush_l2: bool, method: str = "graph",
+    timer: _Timer | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """CUDA-event timing of one call: warm-up, then per trial an L2 flush, sync, record, call, record, sync.
 
     method "graph" replays a CUDA graph of the call, so the time is the GPU's and not Python's launch
@@ -183,33 +245,11 @@ def time_calls(
     """
     import torch
 
-    event_cls = torch.cuda.Event
-    elapsed = torch.cuda.Event.elapsed_time
-    record = torch.cuda.Event.record
-    sync = torch.cuda.synchronize
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    timer = timer or _Timer(flush_l2)
     with torch.no_grad():
-        for _ in range(n_warmup):
-            fn(*args)
-        sync()
-        graph = _capture_graph(fn, args) if method == "graph" else None
-        call = graph.replay if graph is not None else (lambda: fn(*args))
-        times: list[float] = []
-        for _ in range(n_trials):
-            if flush is not None:
-                flush.zero_()
-            sync()
-            if graph is not None:
-                # Keep the GPU busy while the host enqueues start → replay → end, so the interval holds
-                # only GPU work, not the host's submission latency (a few µs, and noisy).
-                torch.cuda._sleep(PREROLL_CYCLES)
-            start, end = event_cls(enable_timing=True), event_cls(enable_timing=True)
-            record(start)
-            call()
-            record(end)
-            sync()
-            times.append(float(elapsed(start, end)))
-    return {**summarize(times), "method": "graph" if graph is not None else "events"}
+        call, graph = timer.prepare(fn, args, n_warmup, method)
+        times = [timer.once(call, graph) for _ in range(n_trials)]
+    return {**summarize(times), "method": "graph" if graph else "events"}
 
 
 def summarize(times: list[float]) -> dict[str, Any]:
@@ -223,6 +263,64 @@ def summarize(times: list[float]) -> dict[str, Any]:
         "max_ms": max(times),
         "n_trials": len(times),
     }
+
+
+def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
+    """Median and its distribution-free ~95 % confidence interval (order statistics of the sample)."""
+    import math
+    import statistics
+
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return statistics.median(ordered), ordered[lo], ordered[hi]
+
+
+def time_paired(
+    ref: Any, cand: Any, args: list[Any], *, n_warmup: int, min_pairs: int, max_pairs: int, flush_l2: bool,
+    method: str, target_rel_ci: float, budget_s: float, timer: _Timer | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Reference and candidate timed in one process, interleaved A/B then B/A, until the speedup is known.
+
+    Each pair gives one ratio reference/candidate measured moments apart, so clock, thermal and
+    neighbour drift hit both sides alike; the speedup is the median ratio, reported with its ~95 %
+    interval. Trials continue in rounds until the interval's half-width is within `target_rel_ci` of
+    the median (at least `min_pairs`, at most `max_pairs` pairs, at most `budget_s` seconds). Both sides
+    use the same method: CUDA-graph replays when both can be captured, else direct calls.
+    """
+    import time as _time
+
+    import torch
+
+    timer = timer or _Timer(flush_l2)
+    with torch.no_grad():
+        ref_call, ref_graph = timer.prepare(ref, args, n_warmup, method)
+        cand_call, cand_graph = timer.prepare(cand, args, n_warmup, method)
+        if ref_graph != cand_graph:  # like with like: one side cannot be captured, so neither is
+            ref_call, ref_graph = timer.prepare(ref, args, 0, "events")
+            cand_call, cand_graph = timer.prepare(cand, args, 0, "events")
+        ref_t: list[float] = []
+        cand_t: list[float] = []
+        started = _time.perf_counter()
+        while True:
+            for _ in range(10):
+                if len(ref_t) % 2 == 0:
+                    ref_t.append(timer.once(ref_call, ref_graph))
+                    cand_t.append(timer.once(cand_call, cand_graph))
+                else:
+                    cand_t.append(timer.once(cand_call, cand_graph))
+                    ref_t.append(timer.once(ref_call, ref_graph))
+            ratios = [r / c for r, c in zip(ref_t, cand_t) if c > 0]
+            speedup, lo, hi = median_interval(ratios) if ratios else (float("nan"),) * 3
+            n = len(ref_t)
+            tight = speedup > 0 and (hi - lo) / (2 * speedup) <= target_rel_ci
+            if n >= max_pairs or (n >= min_pairs and (tight or _time.perf_counter() - started > budget_s)):
+                break
+    used = "graph" if ref_graph else "events"
+    return {"reference": {**summarize(ref_t), "method": used}, "candidate": {**summarize(cand_t), "method": used},
+            "speedup": speedup, "interval": [lo, hi], "pairs": n}  # fmt: skip
 
 
 def _error(stage: str, exc: BaseException) -> dict[str, Any]:
@@ -453,6 +551,8 @@ def run_candidate(job: dict[str, Any]) -> None:
     stage_s: dict[str, float] = {}
     if has_gpu and job.get("gpu_memory_fraction"):
         torch.cuda.set_per_process_memory_fraction(float(job["gpu_memory_fraction"]))
+    # Bound before any candidate code runs (see _Timer).
+    timer = _Timer(job["timing"]["flush_l2"]) if has_gpu and job.get("timing") else None
     _install_triton_hooks()
     _install_build_hooks(Path(job["build_cache"]), has_gpu, stats)
     problem = load_module(Path(job["problem_path"]), "kbrl_problem")
@@ -537,12 +637,20 @@ def run_candidate(job: dict[str, Any]) -> None:
     started = time.perf_counter()
     try:
         inputs = make_inputs(problem, seeds[0], device, precision)
-        stats_ms = time_calls(model, inputs, timing["n_warmup"], timing["n_trials"], timing["flush_l2"],
-                              method=timing["method"])  # fmt: skip
+        if timing.get("paired"):
+            reference = make_model(problem.Model, problem, job["seed"], device, precision)
+            paired = time_paired(reference, model, inputs, n_warmup=timing["n_warmup"],
+                                 min_pairs=timing["min_pairs"], max_pairs=timing["max_pairs"],
+                                 flush_l2=timing["flush_l2"], method=timing["method"],
+                                 target_rel_ci=timing["target_rel_ci"], budget_s=timing["budget_s"], timer=timer)  # fmt: skip
+            message = {"stats": paired.pop("candidate"), "paired": paired}
+        else:
+            message = {"stats": time_calls(model, inputs, timing["n_warmup"], timing["n_trials"], timing["flush_l2"],
+                                           method=timing["method"], timer=timer)}  # fmt: skip
     except BaseException as exc:
         send_to_parent({"type": "timing", "error": _error("timing", exc)})
         return
-    send_to_parent({"type": "timing", "stats": stats_ms, "seconds": time.perf_counter() - started})
+    send_to_parent({"type": "timing", **message, "seconds": time.perf_counter() - started})
 
 
 def main(argv: list[str]) -> int:

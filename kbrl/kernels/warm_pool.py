@@ -54,9 +54,10 @@ from kbrl.kernels.sandbox import (
 
 SOCKET_FD_ENV = "KBRL_FORKSERVER_FD"
 # What is imported once, in the server: everything a candidate's first seconds would otherwise spend on.
+# Not torch.utils.cpp_extension: importing it calls torch.cuda.is_available(), which initialises the
+# CUDA driver, after which no forked child can use CUDA (each child imports it when it builds).
 PRELOAD = (
     "torch",
-    "torch.utils.cpp_extension",
     "torch.utils._python_dispatch",
     "triton",
     "triton.language",
@@ -349,6 +350,20 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
 
+def _children_can_use_cuda() -> bool:
+    """Fork a probe: CUDA refuses to initialise in the child of a process that initialised it (torch
+    marks such a child "in bad fork"); `torch.cuda.is_initialized()` alone does not see the driver
+    having been touched by e.g. `torch.cuda.is_available()`."""
+    import torch
+
+    probe = os.fork()
+    if probe == 0:
+        bad = getattr(torch._C, "_cuda_isInBadFork", lambda: False)()
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(probe, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def serve() -> None:
     """The server's loop: fork on each request, report each child's pid and exit status."""
     sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD_ENV)))
@@ -363,6 +378,9 @@ def serve() -> None:
         raise
     import torch
 
+    if not _children_can_use_cuda():
+        _send(sock, {"type": "error", "error": "a preloaded module initialised CUDA: forked children could not use it"})
+        return
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
