@@ -30,7 +30,7 @@ drv = _load("kb_eval_one")
 def _row(
     harness: str, backend: str, wall: float, phase: str = "pass", correct: bool = True, **extra: object
 ) -> dict:
-    return {"harness": harness, "backend": backend, "phase": phase, "correct": correct,
+    return {"harness": harness, "backend": backend, "phase": phase, "correct": correct, "sample": backend,
             "category": "CORRECT" if correct else "CORRECTNESS_ERROR", "wall_s": wall,
             "stages": {"total": wall}, **extra}  # fmt: skip
 
@@ -54,11 +54,24 @@ def test_summary_rates_and_ratio_per_backend_from_pass_walls() -> None:
     assert s["triton"]["kbrl"]["n"] == 6 and s["triton"]["kbrl"]["candidates_per_min"] == pytest.approx(12.0)
     assert s["triton"]["kernelbench"]["candidates_per_min"] == pytest.approx(10.0)
     assert s["triton"]["ratio_kbrl_over_kernelbench"] == pytest.approx(1.2)
+    assert s["triton"]["same_candidates"] is False  # 6 candidates against 3
+    assert s["cuda"]["ratio_kbrl_over_kernelbench"] == pytest.approx(4 / 60 / (1 / 55))
     assert s["cuda"]["kernelbench"]["correct"] == 0
     assert s["cuda"]["kernelbench"]["categories"] == {"CORRECTNESS_ERROR": 1}
     assert s["all"]["kbrl"]["wall_s"] == 90.0 and s["all"]["kbrl"]["n"] == 10
     assert s["all"]["kernelbench"]["candidates_per_min"] == pytest.approx(60 * 4 / 73)
     assert s["triton"]["kbrl"]["mean_stage_seconds"] == {"total": 5.0}
+
+
+def test_summary_says_whether_both_harnesses_ran_the_same_candidates() -> None:
+    rows = [
+        _row(h, "triton", 5.0, sample=f"builtin/L1/{i}/triton")
+        for h in ("kbrl", "kernelbench")
+        for i in (1, 2)
+    ]
+    s = tp.summarize(rows, {"kbrl": {"triton": 2.0}, "kernelbench": {"triton": 10.0}})
+    assert s["triton"]["same_candidates"] is True and s["triton"]["ratio_kbrl_over_kernelbench"] == 5.0
+    assert "5.00x" in tp.format_summary(s, {}) and "different candidate sets" not in tp.format_summary(s, {})
 
 
 def test_summary_without_one_harness_has_no_ratio() -> None:
