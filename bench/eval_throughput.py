@@ -311,6 +311,8 @@ def make_evaluator(args: argparse.Namespace, cache_dir: Path) -> Any:
         wanted["timing_method"] = args.kbrl_timing_method
     if args.kbrl_tolerance:
         wanted["tolerance"] = args.kbrl_tolerance
+    if args.kbrl_warm_pool is not None:
+        wanted["warm_pool"] = args.kbrl_warm_pool == "on"
     names = {f.name for f in dataclasses.fields(EvalConfig)}  # the evaluator's settings may change under us
     return Evaluator(EvalConfig(**{k: v for k, v in wanted.items() if k in names}), cache_dir=cache_dir)
 
@@ -325,6 +327,17 @@ def close_evaluator(ev: Any) -> None:
     pool = getattr(ev, "_reference_pool", None)
     if pool is not None:
         pool.shutdown(wait=False)
+
+
+def close_warm_servers() -> None:
+    """Stop kbrl's warm fork servers (kbrl.kernels.warm_pool), in versions of kbrl that have them."""
+    try:
+        from kbrl.kernels import warm_pool
+    except ImportError:
+        return
+    close_all = getattr(warm_pool, "close_all", None)
+    if callable(close_all):
+        close_all()
 
 
 def run_kbrl_pass(
@@ -538,6 +551,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kbrl EvalConfig.tolerance preset (default: kbrl's); 'upstream' judges fp32 at 1e-4 as "
         "KernelBench does, so both harnesses time the same correct candidates",
     )
+    p.add_argument(
+        "--kbrl-warm-pool",
+        default=None,
+        choices=["on", "off"],
+        help="kbrl EvalConfig.warm_pool where this kbrl has it (default: kbrl's)",
+    )
     p.add_argument("--kbrl-timeout-s", type=float, default=180.0, help="kbrl per-candidate sandbox timeout")
     p.add_argument(
         "--kb-timeout-s", type=float, default=300.0, help="KernelBench per-candidate process timeout"
@@ -678,6 +697,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         save()
         if ev is not None:
             close_evaluator(ev)
+            close_warm_servers()
         if not args.keep_work_dir and args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     print()
