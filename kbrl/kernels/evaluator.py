@@ -27,6 +27,7 @@ import kbrl
 from kbrl import settings
 from kbrl.kernels.extract import extract_code
 from kbrl.kernels.feedback import clean_error, is_out_of_memory, render_feedback
+from kbrl.kernels.gpu_slots import GpuSlots
 from kbrl.kernels.result import Category, CheatFlag, EvalResult, TimingStats
 from kbrl.kernels.sandbox import SandboxExit, SandboxLimits, SandboxProcess, launch, scrubbed_env
 from kbrl.kernels.static_checks import check_static
@@ -74,7 +75,7 @@ class EvalConfig:
     # median speedup's ~95 % interval is within ±timing_target_ci (min/max pairs, a time budget).
     # Off: the candidate alone, n_timing_trials calls, against the cached baseline (KernelBench's way).
     paired_timing: bool = True
-    min_timing_pairs: int = 30
+    min_timing_pairs: int = 40
     max_timing_pairs: int = 2000
     timing_target_ci: float = 0.005
     timing_budget_s: float = 3.0
@@ -87,6 +88,9 @@ class EvalConfig:
     reference_timeout_s: float = 900.0
     memory_mb: int = 16_384
     gpu_memory_fraction: float | None = None
+    # Candidates that may run correctness trials on the GPU at once (timing always has it alone);
+    # 1 serializes everything. More overlap, more memory: each holds its inputs and outputs.
+    gpu_shared_slots: int = 4
     device: str = "auto"
     static_checks: bool = True
     isolate: bool = True
@@ -183,22 +187,25 @@ class Evaluator:
         self._references: OrderedDict[str, _Reference] = OrderedDict()
         self._reference_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._device_lock = threading.Lock()
+        self._gpu = GpuSlots(self.config.gpu_shared_slots)
         self._reference_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kbrl-reference")
         self._warned_cold = False
+        if self.config.warm_pool:  # start importing now, so the first candidate does not wait for it
+            try:
+                self.warm_server()
+            except OSError:
+                pass  # `_spawn` falls back to cold processes
 
     @contextmanager
-    def _device_slot(self, proc: SandboxProcess) -> Iterator[None]:
-        """Hold the GPU for one process's trials and timing; compilation elsewhere goes on meanwhile.
-
-        Only one kernel runs on the GPU at a time, so timings are not disturbed by other candidates.
-        The time spent queueing is given back to the child's deadline. CPU runs need no slot.
-        """
+    def _device_slot(self, proc: SandboxProcess, exclusive: bool) -> Iterator[None]:
+        """Hold the GPU for one process: shared for correctness trials, exclusive for timing (see
+        `GpuSlots`); compilation elsewhere goes on meanwhile. The time spent queueing is given back to
+        the child's deadline. CPU runs need no slot."""
         if not self.device.startswith("cuda"):
             yield
             return
         queued = time.monotonic()
-        with self._device_lock:
+        with self._gpu.exclusive() if exclusive else self._gpu.shared():
             proc.extend_deadline(time.monotonic() - queued)
             yield
 
@@ -322,7 +329,7 @@ class Evaluator:
             msg = None
             with self._spawn(workdir, job, limits) as proc:
                 if proc.receive("ready") is not None:
-                    with self._device_slot(proc):
+                    with self._device_slot(proc, exclusive="timing" in job):
                         proc.send({"cmd": "go"})
                         msg = proc.receive("reference")
                 end = proc.wait()
@@ -459,20 +466,23 @@ class Evaluator:
                     ref = reference.result()  # before taking the GPU: the reference needs it too
                     result.stage_seconds["reference_wait"] = time.monotonic() - queued
                     proc.extend_deadline(time.monotonic() - queued)
-                    with self._device_slot(proc):
+                    with self._device_slot(proc, exclusive=False):
                         proc.send({"cmd": "go"})
                         phase1 = proc.receive("phase1")
-                        if phase1 is not None and not phase1.get("error"):
-                            cand = torch.load(workdir / "outputs.pt", weights_only=True)
-                            judged = self._judge(ref, phase1, cand)
-                            wants_timing = (
-                                self.device.startswith("cuda") and cfg.measure_performance
-                                and judged.n_correct == cfg.n_trials and judged.refill_ok
-                                and not any(f.severity == "error" for f in judged.flags)
-                            )  # fmt: skip
-                            proc.send({"cmd": "time" if wants_timing else "exit"})
-                            if wants_timing:
+                    if phase1 is not None and not phase1.get("error"):
+                        cand = torch.load(workdir / "outputs.pt", weights_only=True)
+                        judged = self._judge(ref, phase1, cand)
+                        wants_timing = (
+                            self.device.startswith("cuda") and cfg.measure_performance
+                            and judged.n_correct == cfg.n_trials and judged.refill_ok
+                            and not any(f.severity == "error" for f in judged.flags)
+                        )  # fmt: skip
+                        if wants_timing:
+                            with self._device_slot(proc, exclusive=True):
+                                proc.send({"cmd": "time"})
                                 timing_msg = proc.receive("timing")
+                        else:
+                            proc.send({"cmd": "exit"})
                 end = proc.wait()
         finally:
             if not cfg.keep_workdir:

@@ -278,6 +278,21 @@ def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float,
     return statistics.median(ordered), ordered[lo], ordered[hi]
 
 
+def _placements(args: list[Any], budget_bytes: int = 1 << 30, most: int = 4) -> list[list[Any]]:
+    """The inputs, plus copies at other addresses while they fit in `budget_bytes`.
+
+    A small kernel's time depends on where its buffers landed (DRAM channels, alignment), which differs
+    from one process to the next; cycling the timed pairs over several placements averages that over
+    placements inside one evaluation instead of leaving it as evaluation-to-evaluation spread.
+    """
+    import torch
+
+    tensors = [x for x in args if isinstance(x, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    count = max(1, min(most, budget_bytes // max(nbytes, 1)))
+    return [args] + [[x.clone() if isinstance(x, torch.Tensor) else x for x in args] for _ in range(count - 1)]
+
+
 def time_paired(
     ref: Any, cand: Any, args: list[Any], *, n_warmup: int, min_pairs: int, max_pairs: int, flush_l2: bool,
     method: str, target_rel_ci: float, budget_s: float, timer: _Timer | None = None,
@@ -286,7 +301,7 @@ def time_paired(
 
     Each pair gives one ratio reference/candidate measured moments apart, so clock, thermal and
     neighbour drift hit both sides alike; the speedup is the median ratio, reported with its ~95 %
-    interval. Trials continue in rounds until the interval's half-width is within `target_rel_ci` of
+    interval. Rounds of 10 pairs cycle over input placements (`_placements`). Trials continue in rounds until the interval's half-width is within `target_rel_ci` of
     the median (at least `min_pairs`, at most `max_pairs` pairs, at most `budget_s` seconds). Both sides
     use the same method: CUDA-graph replays when both can be captured, else direct calls.
     """
@@ -296,15 +311,18 @@ def time_paired(
 
     timer = timer or _Timer(flush_l2)
     with torch.no_grad():
-        ref_call, ref_graph = timer.prepare(ref, args, n_warmup, method)
-        cand_call, cand_graph = timer.prepare(cand, args, n_warmup, method)
-        if ref_graph != cand_graph:  # like with like: one side cannot be captured, so neither is
-            ref_call, ref_graph = timer.prepare(ref, args, 0, "events")
-            cand_call, cand_graph = timer.prepare(cand, args, 0, "events")
+        placements = _placements(args)
+        calls = [(timer.prepare(ref, inputs, n_warmup if i == 0 else 1, method),
+                  timer.prepare(cand, inputs, n_warmup if i == 0 else 1, method)) for i, inputs in enumerate(placements)]  # fmt: skip
+        graph = all(r[1] and c[1] for r, c in calls)
+        if not graph and any(r[1] or c[1] for r, c in calls):  # like with like: if one cannot be captured, neither is
+            calls = [(timer.prepare(ref, inputs, 0, "events"), timer.prepare(cand, inputs, 0, "events"))
+                     for inputs in placements]  # fmt: skip
         ref_t: list[float] = []
         cand_t: list[float] = []
         started = _time.perf_counter()
         while True:
+            (ref_call, ref_graph), (cand_call, cand_graph) = calls[(len(ref_t) // 10) % len(calls)]
             for _ in range(10):
                 if len(ref_t) % 2 == 0:
                     ref_t.append(timer.once(ref_call, ref_graph))
