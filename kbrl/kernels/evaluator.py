@@ -72,7 +72,7 @@ class EvalConfig:
     timing_method: str = "graph"
     flush_l2: bool = True
     # Paired timing: the candidate's process also times the reference, interleaved A/B/B/A, until the
-    # median speedup's ~95 % interval is within ±timing_target_ci (min/max pairs, a time budget).
+    # trimmed-mean speedup's ~95 % interval is within ±timing_target_ci (min/max pairs, a time budget).
     # Off: the candidate alone, n_timing_trials calls, against the cached baseline (KernelBench's way).
     paired_timing: bool = True
     min_timing_pairs: int = 40
