@@ -293,6 +293,8 @@ def kbrl_row(c: BenchCandidate, r: Any, phase: str, wall_s: float | None = None)
         "eager_ms": r.ref_eager.median_ms if r.ref_eager else None,
         "compile_ms": r.ref_compile.median_ms if r.ref_compile else None,
         "timing_method": r.runtime.method if r.runtime else None,
+        "speedup_eager_ci": getattr(r, "speedup_eager_ci", None), "timing_trials": r.runtime.n_trials if r.runtime else None,
+        "flags": [f.name for f in r.cheat_flags],
         "build_cache_hit": r.build_cache_hit, "stages": stages,
         "wall_s": wall_s if wall_s is not None else stages.get("total"),
         "error": (r.error or "")[-800:],
