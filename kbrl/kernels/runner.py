@@ -16,28 +16,25 @@ ran (a dispatch mode over the first trial), and whether the inputs were mutated.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kbrl.kernels.build_cache import BuildCache, CompileError, build_key
 from kbrl.kernels.sandbox import send_to_parent
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 POISON_BYTES_MAX = 1 << 30
 PREROLL_CYCLES = 200_000  # ~0.1 ms of GPU spin at boost clock
-
-
-class CompileError(Exception):
-    """A CUDA/C++ build of the candidate failed (message is the compiler output)."""
 
 
 class _Launches:
@@ -465,35 +462,40 @@ def _compile_only(kwargs: dict[str, Any], build_dir: Path, stats: dict[str, Any]
 
 
 def _install_build_hooks(cache_root: Path, has_gpu: bool, stats: dict[str, Any]) -> None:
-    """Route `load_inline`/`load` through a content-hash build cache; compile-only without a GPU."""
+    """Route `load_inline` through the content-hash build cache; compile-only without a GPU."""
     from torch.utils import cpp_extension
 
-    real_load_inline = cpp_extension.load_inline
-    import torch
+    # Torch's real load_inline, captured before the hook below replaces it.
+    cache = BuildCache(cache_root, builder=cpp_extension.load_inline)
 
     def cached_load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, **kwargs: Any) -> Any:
         started = time.perf_counter()
-        key_material = json.dumps(
-            [name, _as_list(cpp_sources), _as_list(cuda_sources), sorted((k, repr(v)) for k, v in kwargs.items()),
-             torch.__version__, os.environ.get("TORCH_CUDA_ARCH_LIST", "")]
-        )  # fmt: skip
-        digest = hashlib.sha256(key_material.encode()).hexdigest()[:20]
-        build_dir = cache_root / digest
         try:
             if not has_gpu:
-                _compile_only({"cpp_sources": cpp_sources, "cuda_sources": cuda_sources, **kwargs}, build_dir, stats)
+                key = build_key(name, cpp_sources, cuda_sources, **kwargs)
+                checked = cache.checked(key)  # these exact sources already passed the check on this host
+                stats["build_cache_hit"] = stats.get("build_cache_hit", True) and checked
+                if checked:
+                    stats["compile_only"] = True
+                else:
+                    cache_root.mkdir(parents=True, exist_ok=True)
+                    check_dir = Path(tempfile.mkdtemp(prefix="check-", dir=cache_root))
+                    try:
+                        sources = {"cpp_sources": cpp_sources, "cuda_sources": cuda_sources, **kwargs}
+                        _compile_only(sources, check_dir, stats)
+                    finally:
+                        shutil.rmtree(check_dir, ignore_errors=True)
+                    cache.mark_checked(key)
                 return _NoGpuModule()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            stats["build_cache_hit"] = any(build_dir.glob("*.so"))
-            kwargs.pop("build_directory", None)
-            kwargs["verbose"] = False
-            module = real_load_inline(
-                f"{name}_{digest[:10]}", cpp_sources, cuda_sources, build_directory=str(build_dir), **kwargs
-            )
-            return _CountingModule(module)
+            module, outcome = cache.load(name, cpp_sources, cuda_sources, **kwargs)
+            stats["build_cache_hit"] = stats.get("build_cache_hit", True) and outcome.hit
+            if outcome.repaired:
+                stats["build_cache_repaired"] = outcome.repaired
+            stats["build_lock_wait_s"] = stats.get("build_lock_wait_s", 0.0) + outcome.lock_wait_s
+            return module if isinstance(module, str) else _CountingModule(module)
         except CompileError:
             raise
-        except Exception as exc:  # torch raises RuntimeError("Error building extension ...") with the log
+        except Exception as exc:  # e.g. an extension that builds but will not import (undefined symbol)
             raise CompileError(str(exc)) from exc
         finally:
             stats["build_s"] = stats.get("build_s", 0.0) + time.perf_counter() - started
