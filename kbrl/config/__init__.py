@@ -80,14 +80,6 @@ class DatasetBuilder(_Section):
     raicl_k: int = Field(3, ge=1)
     raicl_allow_same_task: bool = False
 
-    @model_validator(mode="after")
-    def _raicl_has_index(self) -> DatasetBuilder:
-        """Fail at config time, not at the first prompt, when RA-ICL has no index to retrieve from."""
-        if self.prompt_option == "raicl" and not self.rag_index_path:
-            raise ValueError("prompt_option=raicl needs dataset_builder.rag_index_path (an index built by "
-                             "`kbrl build-rag-index --output DIR`)")  # fmt: skip
-        return self
-
     @field_validator("reward_stage")
     @classmethod
     def _known_stage(cls, value: int) -> int:

@@ -159,9 +159,13 @@ def _open(source: str, split: str, local_files: list[Path] | None) -> Any:
         from datasets import load_dataset
     except ImportError as exc:  # pragma: no cover - the `rag` extra is missing
         raise CorpusError("reading corpora needs `datasets`: pip install 'kbrl[rag]'") from exc
-    if local_files is not None:
-        return load_dataset("parquet", data_files={split: [str(f) for f in local_files]}, split=split)
-    return load_dataset(source, split=split)
+    try:
+        if local_files is not None:
+            return load_dataset("parquet", data_files={split: [str(f) for f in local_files]}, split=split)
+        return load_dataset(source, split=split)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types (hub, network, arrow): name the source
+        where = "local parquet files" if local_files is not None else "a Hugging Face dataset id (no such local path)"
+        raise CorpusError(f"cannot read {source!r} split {split!r} as {where}: {type(exc).__name__}: {exc}") from exc
 
 
 def _columns(ds: Any, wanted: Sequence[str], required: Sequence[str], source: str) -> Any:

@@ -262,7 +262,9 @@ def open_run_retriever(cfg: TrainConfig) -> Retriever | None:
     db = cfg.dataset_builder
     if db.prompt_option != "raicl":
         return None
-    assert db.rag_index_path is not None  # the config refuses raicl without one
+    if not db.rag_index_path:
+        raise TrainingError("dataset_builder.prompt_option=raicl needs dataset_builder.rag_index_path (an index "
+                            "built by `kbrl build-rag-index --output DIR`)")  # fmt: skip
     try:
         return open_retriever(db.rag_index_path, allow_same_task=db.raicl_allow_same_task)
     except ValueError as exc:

@@ -66,6 +66,8 @@ def test_bad_input_is_a_clear_error(corpus_dirs: tuple[Path, Path], tmp_path: Pa
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "no_triton.parquet")
     with pytest.raises(CorpusError, match=r"missing column\(s\) \['triton_code'\]"):
         list(read_kernelbook(str(tmp_path / "no_triton.parquet")))
+    with pytest.raises(CorpusError, match="as a Hugging Face dataset id \\(no such local path\\)"):
+        list(read_kernelbook("corpora/absent"))  # offline here: neither a local path nor reachable on the Hub
     assert list(read_sakana(str(sk), levels=(3,))) == []  # a local copy without that split: nothing, no error
 
 

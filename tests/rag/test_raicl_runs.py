@@ -76,3 +76,15 @@ def test_eval_model_with_raicl_and_the_guard_ablation(tmp_path: Path, index_dir:
     assert ablation.rag_examples[1] == guarded.rag_examples[0]  # the same ranking, less the withheld one
     assert eval_model_cli(run_id="missing", **(args | {"rag_index": str(tmp_path / "nowhere")})) == 2
     assert "no RA-ICL index directory" in args["console"].export_text()
+
+
+def test_train_config_errors_name_what_to_do(tmp_path: Path) -> None:
+    from kbrl.config import load_config
+    from kbrl.training.trainer import TrainingError, open_run_retriever
+
+    assert open_run_retriever(load_config("tiny_cpu")) is None  # basic prompts: no index needed
+    with pytest.raises(TrainingError, match="prompt_option=raicl needs dataset_builder.rag_index_path"):
+        open_run_retriever(load_config("tiny_cpu", ["dataset_builder.prompt_option=raicl"]))
+    with pytest.raises(TrainingError, match="rag_index_path: no RA-ICL index directory"):
+        open_run_retriever(load_config("tiny_cpu", ["dataset_builder.prompt_option=raicl",
+                                                    f"dataset_builder.rag_index_path={tmp_path / 'none'}"]))  # fmt: skip
