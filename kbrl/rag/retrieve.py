@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kbrl.problems.model import Problem
 from kbrl.rag.corpus import Example, code_hash
 from kbrl.rag.embed import Embedder
@@ -85,7 +87,7 @@ class Retriever:
                 self._cache[(problem.id, problem.code_hash, k)] = self._pick(problem, vector[None, :], k)
         return [self._cache[key] for key in keys]
 
-    def _pick(self, problem: Problem, vector: object, k: int) -> Retrieval:
+    def _pick(self, problem: Problem, vector: np.ndarray, k: int) -> Retrieval:
         """Walk the hits in order until k examples survive the guard, searching wider while the index has more.
 
         The withheld ones counted are those ranked above the k-th kept example: the ones the prompt would
@@ -95,7 +97,7 @@ class Retriever:
         total = len(self.index.examples)
         n = min(total, 4 * k + 16)
         while True:
-            (hits,) = self.index.search(vector, n)  # type: ignore[arg-type]
+            (hits,) = self.index.search(vector, n)
             kept: list[tuple[float, Example]] = []
             removed: list[str] = []
             for score, position in hits:

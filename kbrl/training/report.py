@@ -8,6 +8,7 @@ weights it shows what the run's samples would have earned ("what-if"), next to w
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from kbrl.events.store import EventStore
@@ -102,7 +103,7 @@ def print_samples(url: str, run_id: str, tokenizer: str | None, as_json: bool) -
 
     store = EventStore(url)
     if not store.has_run(run_id):
-        print(f"error: no run {run_id!r} in the store (see `kbrl runs`)")
+        print(f"error: no run {run_id!r} in the store (see `kbrl runs`)", file=sys.stderr)
         return 1
     started = next(iter(store.read(run_id=run_id, types=[RunStarted, EvalRunStarted])), None)
     payload = started.payload if started is not None else {}
