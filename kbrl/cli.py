@@ -27,11 +27,6 @@ def _main() -> None:
     settings.load_dotenv()
 
 
-def _not_built(what: str, issue: int) -> None:
-    typer.echo(f"`kbrl {what}` is not built yet (planned in issue #{issue}); nothing was done.", err=True)
-    raise typer.Exit(2)
-
-
 # ------------------------------------------------------------------------------------------ store
 
 
@@ -67,8 +62,16 @@ def replay(
     gamma: Annotated[float | None, typer.Option(help="What-if: another discount for multi-turn returns.")] = None,
     metrics: Annotated[bool, typer.Option(help="Per-step metrics projected from the events (as TensorBoard and the dashboard show them).")] = False,
     tensorboard: Annotated[Path | None, typer.Option(help="Rebuild the run's TensorBoard files in this directory from its events.")] = None,
+    samples: Annotated[bool, typer.Option("--samples", help="Each sample's prompt: decoded text, RA-ICL example ids "
+                                                            "and the leakage guard's removals.")] = False,
+    tokenizer: Annotated[str | None, typer.Option(help="With --samples: tokenizer (HF id or directory) to decode "
+                                                       "prompts with (default: the run's model).")] = None,
 ) -> None:
     """Print the event log of a run, in order (or, with --advantages, its rewards and advantages)."""
+    if samples:
+        from kbrl.training.report import print_samples
+
+        raise typer.Exit(print_samples(settings.database_url(), run_id, tokenizer, as_json))
     if metrics or tensorboard:
         from kbrl.events.store import EventStore
         from kbrl.metrics.projections import print_metrics, write_tensorboard
@@ -171,9 +174,6 @@ def demo(
     if failed:
         typer.echo(f"built-in solutions failed for: {', '.join(failed)}", err=True)
         raise typer.Exit(1)
-
-
-# ------------------------------------------------------------------------------------------ planned
 
 
 # ------------------------------------------------------------------------------------------ queue
@@ -346,6 +346,12 @@ def eval_model(
     seed: Annotated[int, typer.Option(help="Sampling / tiny-model seed.")] = 0,
     max_turns: Annotated[int, typer.Option(help="Kevin mode: turns per trajectory, each seeing the previous "
                                                 "kernel's feedback; reports every turn budget.")] = 1,
+    rag_index: Annotated[str | None, typer.Option(help="RA-ICL: retrieve examples into the first-turn prompts "
+                                                       "from this index (`kbrl build-rag-index`).")] = None,
+    raicl_k: Annotated[int, typer.Option(help="RA-ICL: examples per prompt.")] = 3,
+    allow_same_task: Annotated[bool, typer.Option("--allow-same-task", help="RA-ICL: turn the leakage guard off "
+                                                                          "(ablations: shows a problem's own solutions).")] = False,
+    max_prompt_tokens: Annotated[int, typer.Option(help="RA-ICL: examples are dropped (longest first) beyond this.")] = 16384,
 ) -> None:
     """pass@k and fast_p of a base model or checkpoint: sample k per problem, evaluate through the queue.
 
@@ -356,7 +362,9 @@ def eval_model(
 
     raise typer.Exit(eval_model_cli(model, backend, checkpoint, level, source, problem, k, max_tokens, temperature,
                                     kernel_backend, device, out, timeout, trials, tensorboard_dir, tensorboard_step,
-                                    seed=seed, run_id=run_id, max_turns=max_turns))  # fmt: skip
+                                    seed=seed, run_id=run_id, max_turns=max_turns, rag_index=rag_index,
+                                    raicl_k=raicl_k, allow_same_task=allow_same_task,
+                                    max_prompt_tokens=max_prompt_tokens))  # fmt: skip
 
 
 @app.command()
@@ -370,10 +378,47 @@ def dashboard(
     raise typer.Exit(launch(host, port, settings.database_url()))
 
 
-@app.command("build-rag-index", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def build_rag_index() -> None:
-    """Build the RA-ICL retrieval index from KernelBook / Sakana archive (issue #8, not built yet)."""
-    _not_built("build-rag-index", 8)
+@app.command("build-rag-index")
+def build_rag_index(
+    output: Annotated[Path, typer.Option(help="Directory to write the index into (index.faiss, examples.jsonl, meta.json).")],
+    kernelbook: Annotated[str, typer.Option(help="KernelBook: a Hugging Face id, a directory or .parquet file, or 'none'.")] = "GPUMODE/KernelBook",
+    sakana: Annotated[str, typer.Option(help="AI CUDA Engineer archive: a Hugging Face id, a directory (level_N*.parquet) or 'none'.")] = "SakanaAI/AI-CUDA-Engineer-Archive",
+    triton_only: Annotated[bool, typer.Option("--triton-only", help="Only Triton examples (KernelBook).")] = False,
+    cuda_only: Annotated[bool, typer.Option("--cuda-only", help="Only CUDA examples (Sakana archive).")] = False,
+    sakana_levels: Annotated[str, typer.Option(help="Sakana splits to read, e.g. 1,2.")] = "1,2,3",
+    include_incorrect: Annotated[bool, typer.Option("--include-incorrect", help="Keep Sakana kernels marked incorrect.")] = False,
+    model: Annotated[str, typer.Option(help="sentence-transformers model: a Hugging Face id or a local directory.")] = "BAAI/bge-code-v1",
+    index_type: Annotated[str, typer.Option(help="auto (flat up to 200k) | flat (exact) | hnsw | ivf")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 32,
+    device: Annotated[str | None, typer.Option(help="Embedding device (cpu, cuda); default cpu.")] = None,
+) -> None:
+    """Build the RA-ICL retrieval index: corpora → filter → de-duplicate → embed → FAISS, saved with metadata."""
+    from kbrl.rag.corpus import CorpusError, CorpusFilter
+    from kbrl.rag.embed import EmbedError
+    from kbrl.rag.index import RagIndexError
+    from kbrl.rag.index import build_rag_index as build
+
+    try:
+        levels = tuple(int(x) for x in sakana_levels.split(",") if x.strip())
+    except ValueError:
+        typer.echo(f"error: --sakana-levels takes comma-separated numbers, got {sakana_levels!r}", err=True)
+        raise typer.Exit(2) from None
+    if index_type not in ("auto", "flat", "hnsw", "ivf"):
+        typer.echo("error: --index-type must be auto, flat, hnsw or ivf", err=True)
+        raise typer.Exit(2)
+    try:
+        filters = CorpusFilter(triton_only=triton_only, cuda_only=cuda_only, sakana_levels=levels,
+                               include_incorrect=include_incorrect)  # fmt: skip
+        index = build(output, kernelbook=None if kernelbook == "none" else kernelbook,
+                      sakana=None if sakana == "none" else sakana, filters=filters, model=model,
+                      kind=index_type, batch_size=batch_size, device=device)  # type: ignore[arg-type]  # fmt: skip
+    except (CorpusError, EmbedError, RagIndexError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    meta = index.meta
+    typer.echo(f"{output}: {meta['n_examples']} examples ({meta['counts']['kept']}; read {meta['counts']['read']}, "
+               f"{meta['counts']['filtered_out']} filtered out, {meta['counts']['duplicates']} duplicates), "
+               f"{meta['index_type']} index of dimension {meta['dim']}, model {meta['model']}, {meta['total_seconds']:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

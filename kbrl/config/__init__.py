@@ -78,6 +78,7 @@ class DatasetBuilder(_Section):
     prompt_option: Literal["basic", "raicl"] = "basic"
     rag_index_path: str | None = None
     raicl_k: int = Field(3, ge=1)
+    raicl_allow_same_task: bool = False
 
     @field_validator("reward_stage")
     @classmethod

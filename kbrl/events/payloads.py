@@ -175,6 +175,13 @@ class SampleGenerated(EventPayload):
     n_prompt_tokens: int | None = None
     n_completion_tokens: int | None = None
     stop_reason: str | None = None
+    rag_examples: list[str] = Field(default_factory=list)
+    """RA-ICL: ids of the retrieved examples in this sample's prompt, in prompt order (empty without RA-ICL)."""
+    rag_removed_same_task: int | None = None
+    """RA-ICL: examples the leakage guard withheld from this prompt (derived from the same KernelBench
+    problem); None when the prompt had no retrieval (basic prompts, refinement turns)."""
+    rag_dropped_for_budget: int | None = None
+    """RA-ICL: retrieved examples left out so the prompt fits `max_prompt_tokens` (the longest first)."""
 
 
 class EvalRequested(EventPayload):

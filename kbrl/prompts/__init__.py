@@ -8,7 +8,7 @@ feedback, so the model sees exactly what the reward saw.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kbrl.problems.model import Problem
@@ -69,6 +69,21 @@ def task_messages(problem: Problem, backend: str = "triton", examples: Sequence[
         shots = "\n\n".join(f"Example {i + 1}:\n{ex.strip()}" for i, ex in enumerate(examples))
         user = f"Here are examples of PyTorch code rewritten with custom {name} kernels.\n\n{shots}\n\n{user}"
     return [{"role": "system", "content": SYSTEM.format(backend_name=name)}, {"role": "user", "content": user}]
+
+
+def fit_task_prompt(problem: Problem, backend: str, examples: Sequence[str],
+                    encode: Callable[[list[Message]], list[int]], max_tokens: int) -> tuple[list[int], list[int]]:  # fmt: skip
+    """The first-turn prompt's tokens with as many `examples` as fit in `max_tokens`, and the positions kept.
+
+    The longest example goes first while the prompt is over budget; the task itself is never cut (with no
+    examples left the prompt is the plain task, whatever its length).
+    """
+    kept = list(range(len(examples)))
+    while True:
+        ids = encode(task_messages(problem, backend, [examples[i] for i in kept]))
+        if len(ids) <= max_tokens or not kept:
+            return ids, kept
+        kept.remove(max(kept, key=lambda i: len(examples[i])))
 
 
 def refinement_messages(problem: Problem, history: Sequence[Turn], backend: str = "triton",

@@ -36,18 +36,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kbrl.evalrun import new_run_id
 from kbrl.events.payloads import EvalFailed, EvalRunFinished, EvalRunStarted, KernelEvaluated, SampleGenerated
 from kbrl.events.store import Event, EventStore, NewEvent
 from kbrl.kernels.evaluator import EvalConfig, config_dict
 from kbrl.problems.model import Problem
-from kbrl.prompts import BACKEND_NAMES, task_messages
+from kbrl.prompts import BACKEND_NAMES
 from kbrl.training.backends import BACKENDS, Backend, make_backend
+from kbrl.training.raicl import first_turn_prompt, open_retriever
 from kbrl.training.replay import encode_numbers
 from kbrl.workers.jobs import EvalJob, wait_for_verdicts
 from kbrl.workers.queue import JobQueue
+
+if TYPE_CHECKING:
+    from kbrl.rag.retrieve import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +358,9 @@ def evaluate_model(
     sample_batch: int = 8,
     verdict_timeout: float | None = None,
     max_turns: int = 1,
+    retriever: Retriever | None = None,
+    raicl_k: int = 3,
+    max_prompt_tokens: int = 16384,
 ) -> ModelEvalReport:
     """Sample k completions per problem, evaluate them through `queue`, score them; every fact an event.
 
@@ -370,6 +377,9 @@ def evaluate_model(
     previous kernels' feedback (the training rollout, `kbrl.training.rollout`), and the report adds the
     metrics for every turn budget (`by_turn_budget[t]`: each trajectory's best verdict within its first t
     turns), so a user sees what the extra turns buy.
+
+    With a `retriever` (RA-ICL), each first-turn prompt carries the `raicl_k` nearest examples that fit in
+    `max_prompt_tokens` (kbrl/training/raicl.py); each `SampleGenerated` records their ids.
     """
     problems = list(problems)
     _check_args(problems, k, kernel_backend, device, sample_batch)
@@ -383,7 +393,11 @@ def evaluate_model(
     eval_cfg = config_dict(eval_config) | {"device": device}
     config = {"model": model_label, "backend": backend.name, "policy_version": backend.policy_version, "k": k,
               "max_tokens": max_tokens, "temperature": temperature, "kernel_backend": kernel_backend,
-              "device": device, "ps": list(ps), "eval": eval_cfg}  # fmt: skip
+              "device": device, "ps": list(ps), "eval": eval_cfg,
+              "prompt_option": "raicl" if retriever is not None else "basic"}  # fmt: skip
+    if retriever is not None:
+        config |= {"raicl_k": raicl_k, "max_prompt_tokens": max_prompt_tokens,
+                   "rag_model": retriever.embedder.model_id, "raicl_allow_same_task": retriever.allow_same_task}  # fmt: skip
     started = store.append_one(NewEvent(run_id=run_id, stream=f"run/{run_id}", key=f"{run_id}/started",
                                         payload=EvalRunStarted(kind=KIND, config=config, model=model_label,
                                                                problem_ids=[p.id for p in problems],
@@ -398,7 +412,8 @@ def evaluate_model(
                                     kernel_backend=kernel_backend, store=store, queue=queue, eval_config=eval_config,
                                     device=device, model_label=model_label, ps=ps, run_id=run_id, out=out,
                                     tensorboard_dir=tensorboard_dir, tensorboard_step=tensorboard_step,
-                                    max_turns=max_turns, config=config, timed=timed, why_not=why_not)  # fmt: skip
+                                    max_turns=max_turns, config=config, timed=timed, why_not=why_not,
+                                    retriever=retriever, raicl_k=raicl_k, max_prompt_tokens=max_prompt_tokens)  # fmt: skip
     try:
         t0 = time.perf_counter()
         with _progress(progress) as bar:
@@ -408,7 +423,8 @@ def evaluate_model(
                 batch = problems[start : start + sample_batch]
                 samples |= _sample_batch(backend, store, queue, run_id, batch, start, k=k, max_tokens=max_tokens,
                                          temperature=temperature, kernel_backend=kernel_backend, device=device,
-                                         eval_config=eval_config)  # fmt: skip
+                                         eval_config=eval_config, retriever=retriever, raicl_k=raicl_k,
+                                         max_prompt_tokens=max_prompt_tokens)  # fmt: skip
                 if bar:
                     bar.update(sampling, advance=len(batch), description=f"sampling ({batch[-1].id})")
             seconds["sampling"] = time.perf_counter() - t0
@@ -458,22 +474,25 @@ def _evaluate_multi_turn(backend: Backend, problems: list[Problem], *, k: int, m
                          kernel_backend: str, store: EventStore, queue: JobQueue, eval_config: EvalConfig,
                          device: Device, model_label: str, ps: Sequence[float], run_id: str, out: Path | None,
                          tensorboard_dir: Path | None, tensorboard_step: int | None, max_turns: int,
-                         config: dict[str, Any], timed: bool, why_not: str) -> ModelEvalReport:  # fmt: skip
+                         config: dict[str, Any], timed: bool, why_not: str, retriever: Retriever | None = None,
+                         raicl_k: int = 3, max_prompt_tokens: int = 16384) -> ModelEvalReport:  # fmt: skip
     """Kevin-mode evaluation: the training rollout with k trajectories per problem, scored per turn budget."""
     from dataclasses import replace
 
-    from kbrl.config import TrainConfig
+    from kbrl.config import DatasetBuilder, TrainConfig
     from kbrl.training.replay import replay_run
     from kbrl.training.rewards import preset
     from kbrl.training.rollout import StepRollout
 
     cfg = TrainConfig(mode="multi_turn", max_turns=max_turns, group_size=k, kernel_backend=kernel_backend,  # type: ignore[arg-type]
-                      max_tokens=max_tokens, temperature=temperature, eval_device=device)  # fmt: skip
+                      max_tokens=max_tokens, temperature=temperature, eval_device=device,
+                      max_prompt_tokens=max_prompt_tokens, dataset_builder=DatasetBuilder(raicl_k=raicl_k))  # fmt: skip
     weights = replace(preset(1), measure_performance=eval_config.measure_performance)
     t0 = time.perf_counter()
     try:
         StepRollout(store=store, queue=queue, backend=backend, problems={p.id: p for p in problems}, run_id=run_id,
-                    cfg=cfg, eval_config=eval_config, device=device, weights=weights).run(0, [p.id for p in problems])  # fmt: skip
+                    cfg=cfg, eval_config=eval_config, device=device, weights=weights,
+                    retriever=retriever).run(0, [p.id for p in problems])  # fmt: skip
     except BaseException as exc:
         _record_abort(store, run_id, exc)
         raise
@@ -521,15 +540,18 @@ def _check_args(problems: list[Problem], k: int, kernel_backend: str, device: st
 
 def _sample_batch(backend: Backend, store: EventStore, queue: JobQueue, run_id: str, batch: list[Problem],
                   first_group: int, *, k: int, max_tokens: int, temperature: float, kernel_backend: str,
-                  device: Device, eval_config: EvalConfig) -> dict[str, SampleGenerated]:  # fmt: skip
+                  device: Device, eval_config: EvalConfig, retriever: Retriever | None = None, raicl_k: int = 3,
+                  max_prompt_tokens: int = 16384) -> dict[str, SampleGenerated]:  # fmt: skip
     """Sample, record (blobs, then one transaction of `SampleGenerated` per batch), then queue the jobs:
     a job is only submitted once the sample its worker will read is in the store."""
-    prompts = [backend.encode_prompt(task_messages(p, kernel_backend)) for p in batch]
+    built = [first_turn_prompt(p, backend=backend, kernel_backend=kernel_backend, retriever=retriever, k=raicl_k,
+                               max_prompt_tokens=max_prompt_tokens) for p in batch]  # fmt: skip
+    prompts = [prompt for prompt, _ in built]
     groups = backend.sample(prompts, n=k, max_tokens=max_tokens, temperature=temperature)
     events: list[NewEvent] = []
     jobs: list[EvalJob] = []
     out: dict[str, SampleGenerated] = {}
-    for offset, (problem, prompt, sequences) in enumerate(zip(batch, prompts, groups, strict=True)):
+    for offset, (problem, (prompt, rag), sequences) in enumerate(zip(batch, built, groups, strict=True)):
         prompt_ref = store.put_blob(encode_numbers(prompt))
         refs = store.put_blobs([blob for seq in sequences
                                 for blob in (encode_numbers(seq.tokens), encode_numbers(seq.logprobs))])  # fmt: skip
@@ -539,7 +561,7 @@ def _sample_batch(backend: Backend, store: EventStore, queue: JobQueue, run_id: 
                                       problem_id=problem.id, prompt_ref=prompt_ref, completion_ref=refs[2 * i],
                                       logprobs_ref=refs[2 * i + 1], text=seq.text,
                                       policy_version=backend.sampler_version, n_prompt_tokens=len(prompt),
-                                      n_completion_tokens=len(seq.tokens), stop_reason=seq.stop_reason)  # fmt: skip
+                                      n_completion_tokens=len(seq.tokens), stop_reason=seq.stop_reason, **rag)  # fmt: skip
             events.append(NewEvent(run_id=run_id, stream=f"sample/{sid}", key=sid, payload=payload))
             jobs.append(EvalJob.for_problem(run_id, sid, problem, None, device, eval_config))
             out[sid] = payload
@@ -696,6 +718,10 @@ def eval_model_cli(
     progress: bool = True,
     console: Any = None,
     max_turns: int = 1,
+    rag_index: str | None = None,
+    raicl_k: int = 3,
+    allow_same_task: bool = False,
+    max_prompt_tokens: int = 16384,
 ) -> int:
     """`kbrl eval-model`: build store, queue, problems and policy from the options, run, print a summary.
 
@@ -724,8 +750,8 @@ def eval_model_cli(
         )
     if backend not in BACKENDS:
         return fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    if k < 1 or max_tokens < 1 or max_turns < 1:
-        return fail("--k, --max-tokens and --max-turns must be at least 1")
+    if k < 1 or max_tokens < 1 or max_turns < 1 or raicl_k < 1:
+        return fail("--k, --max-tokens, --max-turns and --raicl-k must be at least 1")
     try:
         problems = load_problems(source, level=level)
         eval_config = EvalConfig(n_trials=trials, timeout_s=timeout, device=device)
@@ -744,6 +770,10 @@ def eval_model_cli(
         )
     label = model if not checkpoint else f"{model}@{checkpoint}"
     try:
+        retriever = open_retriever(rag_index, allow_same_task=allow_same_task) if rag_index else None
+    except ValueError as exc:
+        return fail(f"--rag-index: {exc}")
+    try:
         policy = load_policy(model, backend, checkpoint, seed=seed)
     except (FileNotFoundError, ValueError) as exc:
         return fail(str(exc))
@@ -755,7 +785,8 @@ def eval_model_cli(
                                     kernel_backend=kernel_backend, store=store, queue=queue, eval_config=eval_config,
                                     device=device, model_label=label, ps=ps, run_id=run_id, progress=progress,
                                     out=out, tensorboard_dir=tensorboard_dir, tensorboard_step=tensorboard_step,
-                                    max_turns=max_turns)  # fmt: skip
+                                    max_turns=max_turns, retriever=retriever, raicl_k=raicl_k,
+                                    max_prompt_tokens=max_prompt_tokens)  # fmt: skip
     except ValueError as exc:
         return fail(str(exc))
     finally:

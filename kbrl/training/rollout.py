@@ -13,7 +13,7 @@ turn without a successor is continued. Single-turn training is the T = 1 case of
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbrl.events.payloads import (
     EvalFailed,
@@ -25,12 +25,16 @@ from kbrl.events.payloads import (
 from kbrl.events.store import EventStore, NewEvent
 from kbrl.kernels.evaluator import EvalConfig
 from kbrl.problems.model import Problem
-from kbrl.prompts import Turn, refinement_messages, task_messages
+from kbrl.prompts import Turn, refinement_messages
 from kbrl.training.backends import Backend
+from kbrl.training.raicl import first_turn_prompt
 from kbrl.training.replay import Replayer, Sample, Step, encode_numbers
 from kbrl.training.rewards import RewardWeights, finite_speedup, score
 from kbrl.workers.jobs import EvalJob
 from kbrl.workers.queue import JobQueue
+
+if TYPE_CHECKING:
+    from kbrl.rag.retrieve import Retriever
 
 
 class RolloutError(RuntimeError):
@@ -42,8 +46,9 @@ class StepRollout:
 
     def __init__(self, *, store: EventStore, queue: JobQueue, backend: Backend, problems: dict[str, Problem],
                  run_id: str, cfg: Any, eval_config: EvalConfig, device: str, weights: RewardWeights,
-                 replayer: Replayer | None = None) -> None:  # fmt: skip
+                 replayer: Replayer | None = None, retriever: Retriever | None = None) -> None:  # fmt: skip
         self.store, self.queue, self.backend, self.problems = store, queue, backend, problems
+        self.retriever = retriever  # RA-ICL examples in turn-0 prompts (kbrl/training/raicl.py)
         self.run_id, self.cfg, self.eval_config, self.device, self.weights = run_id, cfg, eval_config, device, weights
         self.max_turns = cfg.max_turns if cfg.mode == "multi_turn" else 1
         self.replayer = replayer or Replayer(store, run_id)
@@ -130,9 +135,11 @@ class StepRollout:
             if group in have:
                 continue
             problem = self._problem(problem_id, number)
-            prompt = self.backend.encode_prompt(task_messages(problem, self.cfg.kernel_backend))
+            prompt, rag = first_turn_prompt(problem, backend=self.backend, kernel_backend=self.cfg.kernel_backend,
+                                            retriever=self.retriever, k=self.cfg.dataset_builder.raicl_k,
+                                            max_prompt_tokens=self.cfg.max_prompt_tokens)  # fmt: skip
             (sequences,) = self._sample([prompt], n=self.cfg.group_size)
-            self.store.append([self._sample_event(number, group, f"s{number}/g{group}/t{j}", 0, problem_id, prompt, seq)
+            self.store.append([self._sample_event(number, group, f"s{number}/g{group}/t{j}", 0, problem_id, prompt, seq, rag)
                                for j, seq in enumerate(sequences)])  # fmt: skip
 
     def _sample_next_turns(self, number: int, trajectories: list[list[Sample]]) -> None:
@@ -165,12 +172,13 @@ class StepRollout:
         return out
 
     def _sample_event(self, number: int, group: int, traj: str, turn: int, problem_id: str, prompt: list[int],
-                      seq: Any) -> NewEvent:  # fmt: skip
+                      seq: Any, rag: dict[str, Any] | None = None) -> NewEvent:  # fmt: skip
         refs = self.store.put_blobs([encode_numbers(prompt), encode_numbers(seq.tokens), encode_numbers(seq.logprobs)])
         payload = SampleGenerated(step=number, group=group, traj=traj, turn=turn, problem_id=problem_id,
                                   prompt_ref=refs[0], completion_ref=refs[1], logprobs_ref=refs[2], text=seq.text,
                                   policy_version=self.backend.sampler_version, n_prompt_tokens=len(prompt),
-                                  n_completion_tokens=len(seq.tokens), stop_reason=seq.stop_reason)  # fmt: skip
+                                  n_completion_tokens=len(seq.tokens), stop_reason=seq.stop_reason,
+                                  **(rag or {}))  # fmt: skip
         return NewEvent(self.run_id, f"traj/{traj}", f"{self.run_id}/{traj}/turn{turn}", payload)
 
     # ------------------------------------------------------------------ events

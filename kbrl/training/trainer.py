@@ -20,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbrl.config import TrainConfig, config_to_dict
 from kbrl.evalrun import new_run_id
@@ -39,6 +39,7 @@ from kbrl.problems.model import Problem
 from kbrl.prompts import task_messages
 from kbrl.training.backends import AdamParams, Backend, make_backend
 from kbrl.training.datums import TrainDatum, build_datum
+from kbrl.training.raicl import open_retriever
 from kbrl.training.replay import (
     Replayer,
     Step,
@@ -49,6 +50,9 @@ from kbrl.training.replay import (
 )
 from kbrl.training.rollout import StepRollout
 from kbrl.workers.queue import JobQueue, resolve_eval_device
+
+if TYPE_CHECKING:
+    from kbrl.rag.retrieve import Retriever
 
 
 class TrainingError(RuntimeError):
@@ -110,10 +114,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, store: EventStore, queue: JobQueue, backend: Backend,
                  problems: list[Problem], run_id: str, log_path: Path, console: Any = None) -> None:  # fmt: skip
-        if cfg.dataset_builder.prompt_option != "basic":
-            raise TrainingError("dataset_builder.prompt_option=raicl needs the RA-ICL index (issue #8), not built yet")
         if not problems:
             raise TrainingError("no problems to train on: check problem_source, level and problem_ids")
+        self.retriever = open_run_retriever(cfg)
         self.cfg, self.store, self.queue, self.backend = cfg, store, queue, backend
         self.problems = {p.id: p for p in problems}
         self.run_id, self.log_path = run_id, log_path
@@ -172,7 +175,7 @@ class Trainer:
         problem_ids = (step.problem_ids if step else None) or self._select_problems(number)
         rollout = StepRollout(store=self.store, queue=self.queue, backend=self.backend, problems=self.problems,
                               run_id=self.run_id, cfg=self.cfg, eval_config=self.eval_config, device=self.device,
-                              weights=self.weights, replayer=self.replayer)  # fmt: skip
+                              weights=self.weights, replayer=self.replayer, retriever=self.retriever)  # fmt: skip
         timings = rollout.run(number, problem_ids)
         timings["time/eval_s"] = timings["time/rollout_s"] - timings["time/sample_s"]  # waiting on verdicts
         step = self.replayer.update().steps[number]
@@ -252,6 +255,20 @@ class Trainer:
     def _say(self, text: str) -> None:
         if self.console is not None:
             self.console.print(text, highlight=False)
+
+
+def open_run_retriever(cfg: TrainConfig) -> Retriever | None:
+    """The RA-ICL retriever when `dataset_builder.prompt_option=raicl` (None for basic prompts)."""
+    db = cfg.dataset_builder
+    if db.prompt_option != "raicl":
+        return None
+    if not db.rag_index_path:
+        raise TrainingError("dataset_builder.prompt_option=raicl needs dataset_builder.rag_index_path (an index "
+                            "built by `kbrl build-rag-index --output DIR`)")  # fmt: skip
+    try:
+        return open_retriever(db.rag_index_path, allow_same_task=db.raicl_allow_same_task)
+    except ValueError as exc:
+        raise TrainingError(f"dataset_builder.rag_index_path: {exc}") from exc
 
 
 def load_run_problems(cfg: TrainConfig) -> list[Problem]:
