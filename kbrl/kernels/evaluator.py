@@ -245,7 +245,7 @@ class Evaluator:
         """Build a CUDA candidate into the shared content-hash cache, without running it.
 
         Run by CPU-queue workers ahead of the GPU worker that will evaluate the same candidate: the GPU
-        stage then finds the extension built (torch's build lock makes a concurrent build of the same
+        stage then finds the extension built (the cache's per-key lock makes a concurrent build of the same
         hash wait instead of compiling twice). Triton kernels compile at first launch, so there is
         nothing to do for them; neither is there for code that would not pass the static checks.
         """
