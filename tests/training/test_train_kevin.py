@@ -114,3 +114,13 @@ def test_kevin_train_killed_mid_trajectory_resumes_at_the_right_turn(tmp_path: P
                            timeout=120)  # fmt: skip
     assert check.returncode == 0 and "NO" not in check.stdout, check.stdout + check.stderr
     assert [e.payload["status"] for e in store.read(run_id="kevin", types=[RunFinished])][-1] == "finished"
+
+    # Each step's worker usage is projected from the verdicts of the in-process pool's two named workers.
+    from kbrl.metrics.projections import project_run
+
+    projection = project_run(store, "kevin")
+    workers = {e.payload["worker"] for e in store.read(run_id="kevin", types=[KernelEvaluated])}
+    assert workers <= {"local/0", "local/1"}, workers
+    for number in range(N_STEPS):
+        m = projection.step_scalars(number)
+        assert 0.0 <= m["rollout/worker_idle_frac"] < 1.0 and 1.0 <= m["rollout/workers"] <= 2.0, m
