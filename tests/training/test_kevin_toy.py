@@ -4,18 +4,18 @@ Environment: `SecretQueue`, a `JobQueue` whose verdict on a trajectory's turn sa
 character is the trajectory's secret (one of K symbols, drawn from a hash of the trajectory id) and, in its
 feedback text, what the secret is. Turn 0 cannot know it: whatever the policy does, its expected turn-0
 reward is at most 1/K. Turn 1's prompt is built by the real rollout from that feedback, so a policy that
-learned to copy the symbol from the feedback would reach reward 1 at turn 1.
+learns to copy the symbol from the feedback reaches reward 1 at turn 1.
 
 Everything else is the real training path: `Trainer` (problem selection, `StepRollout` driving both turns,
 `Replayer`, per-turn group advantages, datums, the `local` backend's importance-sampling update and AdamW,
-checkpoints, `PolicyUpdated`). The policy is kbrl's tiny model, warm-started to answer any of the K symbols
-at random whatever the prompt (so each turn starts at reward ≈ 1/K and the warm start teaches no copying).
+checkpoints, `PolicyUpdated`). The policy is kbrl's tiny model with the K symbols given a head start
+(`warm_started_model`: the same for every secret, so it teaches no copying; each turn starts at ≈ 1/K).
 
-What is tested: the plumbing the learning needs (the secret reaches exactly the turn-1 prompts, turn-1
-datums are trained on, the logged advantages replay). Not yet shown: turn-1 reward rising over steps. With
-`run_toy` the tiny model (2 layers, width 64) did not learn the copy in 15-30 steps (K = 2 or 4, secret
-repeated 64-400 times, lr 1e-2-3e-2): the policy drifts to one symbol per step instead (issue #11 notes).
+Shown: turn-1 reward rises over the steps (the policy learns to read the feedback) while turn-0 reward,
+which nothing can raise, stays at chance; and the plumbing under it (the secret reaches exactly the turn-1
+prompts, turn-1 samples are rewarded and trained on, the logged advantages replay).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +40,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is d
 
 CANDIDATES = "$%&?!^~|"
 """Symbols a secret may be: single tokens of the tiny tokenizer; those in the prompts' text are dropped."""
+
+INIT_RANGE = 0.1
+"""Weight init std of the toy policy: at kbrl's default 0.02 the tiny model's next token barely depends on
+its context (changing the secret moves the symbols' logits by ~0.05 nats), so there is nothing for RL to
+amplify; at 0.1 it moves them by ~0.5-1 nats."""
+LEAD = 4.0
 
 REFERENCE = "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
 
@@ -103,21 +109,42 @@ def pick_symbols(k: int, tokenizer: object, problems: list[Problem]) -> str:
 
 
 def warm_started_model(path: Path, k: int, problems: list[Problem], seed: int = 0) -> tuple[Path, str]:
-    """The tiny model, fine-tuned to answer one of the symbols at random on turn-0 and turn-1 prompts alike:
-    the answer is drawn independently of the prompt, so the warm start cannot teach copying the secret."""
+    """The tiny model (init std `INIT_RANGE`) with the K symbols' unembedding rows moved along the mean final
+    hidden state, so each symbol's logit is ~`LEAD` nats above the rest of the vocabulary on these prompts.
+
+    No training on any prompt and the same shift for every secret: this gives the policy a base rate (~1/K
+    per turn) without teaching it anything about the feedback. (A supervised warm start on random symbols
+    washed the context dependence out: the next token then varied by < 0.01 nats with the secret.)
+    """
     import random
 
-    from transformers import AutoTokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kbrl.training.tiny import build_tiny_model, warm_start
+    from kbrl.training.backends.base import encode_chat
+    from kbrl.training.tiny import build_tiny_model
 
-    build_tiny_model(path, seed=seed)
-    symbols = pick_symbols(k, AutoTokenizer.from_pretrained(path), problems)
+    build_tiny_model(path, seed=seed, initializer_range=INIT_RANGE)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    symbols = pick_symbols(k, tokenizer, problems)
     rng = random.Random(seed)
     prompts = [task_messages(p) for p in problems]
     prompts += [refinement_messages(p, [Turn(rng.choice(symbols), feedback(False, rng.choice(symbols)))])
-                for p in problems for _ in range(4)]  # fmt: skip
-    warm_start(path, prompts, answer=list(symbols), steps=60, learning_rate=1e-2, seed=seed)
+                for p in problems for _ in range(2)]  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = [tokenizer.encode(c, add_special_tokens=False)[0] for c in symbols]
+    with torch.no_grad():
+        hidden = torch.stack([model(input_ids=torch.tensor([encode_chat(tokenizer, m)]), output_hidden_states=True)
+                              .hidden_states[-1][0, -1] for m in prompts])  # fmt: skip
+        weight = model.get_output_embeddings().weight
+        logits = hidden @ weight.T
+        others = logits.clone()
+        others[:, ids] = -float("inf")
+        mean_h = hidden.mean(0)
+        for i in ids:
+            shift = float((others.max(-1).values + LEAD - logits[:, i]).mean())
+            weight[i] += shift * mean_h / mean_h.dot(mean_h)
+    model.save_pretrained(path)
     return path, symbols
 
 
@@ -176,6 +203,21 @@ def run_toy(tmp_path: Path, *, n_steps: int, k: int = 4, n_problems: int = 4, gr
         backend.close()
         torch.set_num_threads(threads)
     return turn_rewards(store, "toy"), time.perf_counter() - started, symbols
+
+
+@pytest.mark.slow
+def test_turn_1_reward_rises_by_reading_the_feedback(tmp_path: Path) -> None:
+    """12 steps of 4 problems × 8 two-turn trajectories, K = 4 (chance = 0.25), fixed seed. Seen: turn 1
+    0.12, 0.38, 0.38 on the first three steps, 0.78, 0.91, 0.91 on the last three (→ ~0.95 by step 20);
+    turn 0 0.09-0.38 throughout. 40-70 s of training on an idle core, minutes with both cores busy."""
+    k = 4
+    rewards, seconds, _ = run_toy(tmp_path, n_steps=12, k=k, learning_rate=1e-2)
+    turn0, turn1 = rewards[0], rewards[1]
+    first, last = sum(turn1[:3]) / 3, sum(turn1[-3:]) / 3
+    assert last > 0.6 and last - first > 0.3, (turn0, turn1)
+    # The control: turn 0 cannot know the secret, so its expected reward is at most 1/K whatever is learnt.
+    assert sum(turn0[-3:]) / 3 < 1 / k + 0.15, (turn0, turn1)
+    assert last - sum(turn0[-3:]) / 3 > 0.3, (turn0, turn1, seconds)
 
 
 def test_toy_feedback_reaches_turn_1_prompts_and_turn_1_is_trained(tmp_path: Path) -> None:
