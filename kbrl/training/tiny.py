@@ -11,7 +11,6 @@ Everything is seeded: the same arguments give the same tokenizer and weights.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +170,10 @@ class ModelNew(torch.nn.Module):
 """A short, correct Triton answer for the ReLU problem (and a wrong one for the others)."""
 
 
-def warm_start(path: str | Path, prompts: list[list[dict[str, str]]], answer: str | Sequence[str] = WARM_START_ANSWER,
-               steps: int = 200, learning_rate: float = 3e-3, seed: int = 0) -> float:  # fmt: skip
+def warm_start(path: str | Path, prompts: list[list[dict[str, str]]], answer: str = WARM_START_ANSWER, steps: int = 200,
+               learning_rate: float = 3e-3, seed: int = 0) -> float:  # fmt: skip
     """Fine-tune the tiny model at `path` (in place) to answer the chat `prompts` with `answer`; returns the
-    last loss. Several answers: each step pairs a random prompt with a random answer, so the model learns to
-    give any of them, independently of the prompt (a policy with a known base rate for toy RL tasks).
+    last loss.
 
     A random model writes no code at all, so every sample of a CPU smoke run would score the same and no
     update would ever happen. After this brief supervised warm start, sampling at temperature 1 gives a mix
@@ -191,17 +189,14 @@ def warm_start(path: str | Path, prompts: list[list[dict[str, str]]], answer: st
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     prompt_ids = [encode_chat(tokenizer, messages) for messages in prompts]
-    answers = [answer] if isinstance(answer, str) else list(answer)
-    answer_ids = [tokenizer.encode(a, add_special_tokens=False) + [tokenizer.eos_token_id] for a in answers]
+    answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     rng = random.Random(seed)
     loss_value = float("nan")
     model.train()
     for _ in range(steps):
         prompt = rng.choice(prompt_ids)
-        # One answer draws nothing more: the same seed gives the same model as before answers could vary.
-        target = answer_ids[0] if len(answer_ids) == 1 else rng.choice(answer_ids)
-        ids = torch.tensor([prompt + target])
+        ids = torch.tensor([prompt + answer_ids])
         labels = ids.clone()
         labels[0, : len(prompt)] = -100  # learn the answer, not the prompt
         loss = model(input_ids=ids, labels=labels).loss
