@@ -30,6 +30,7 @@ from kbrl.metrics.projections import (
     log_step,
     print_metrics,
     project_run,
+    worker_idle_fraction,
     write_tensorboard,
 )
 from kbrl.training.replay import replay_run, step_metrics
@@ -108,6 +109,7 @@ def test_single_turn_step_metrics_equal_hand_computed_values(store: EventStore) 
         "level/L2/reward_mean": -0.1, "level/L2/correct_rate": 0.0,
         "progress/completion_fraction": 0.25, "optim/learning_rate": 1e-3, **TIMINGS,
     }  # fmt: skip
+    # No `rollout/worker_idle_frac`: the events were appended at one instant, so the rollout has no window.
     assert m.keys() == expected.keys()
     for key, value in expected.items():
         assert m[key] == pytest.approx(value, abs=1e-12), key
@@ -180,6 +182,49 @@ def test_multiturn_mode_reports_turn_metrics_even_when_every_trajectory_ends_at_
     m = project_run(store, RUN).step_scalars(0)
     assert m["multiturn/success_rate"] == 0.5 and m["multiturn/avg_turns"] == 1.0
     assert m["multiturn/turn_0/correct_rate"] == 0.5
+
+
+def test_worker_idle_fraction_of_hand_made_intervals() -> None:
+    # Window [0, 10], two workers. A: [1, 4] and [3, 6] overlap → busy 5 s; B: [2, 5] and [9, 12] clipped to
+    # [9, 10] → busy 4 s. Idle = 1 - (5 + 4) / (2 · 10) = 0.55.
+    intervals = [("A", 1.0, 4.0), ("A", 3.0, 6.0), ("B", 2.0, 5.0), ("B", 9.0, 12.0)]
+    assert worker_idle_fraction(intervals, 0.0, 10.0) == pytest.approx(0.55, abs=1e-12)
+    # An interval before the window counts for its worker (n_w = 3) but adds no busy time: 1 - 9 / 30.
+    assert worker_idle_fraction([*intervals, ("C", -5.0, -1.0)], 0.0, 10.0) == pytest.approx(0.7, abs=1e-12)
+    # One worker always busy: never idle. No window or no evaluations: nothing to report.
+    assert worker_idle_fraction([("A", 0.0, 10.0), ("A", 2.0, 3.0)], 0.0, 10.0) == 0.0
+    assert worker_idle_fraction(intervals, 5.0, 5.0) is None
+    assert worker_idle_fraction([], 0.0, 10.0) is None
+
+
+def test_worker_idle_fraction_of_a_step_from_event_times(store: EventStore) -> None:
+    """The projection's `rollout/worker_idle_frac`: window from the step's first sample to its last verdict,
+    each verdict's evaluation [recorded_at - seconds, recorded_at] on its worker."""
+    from datetime import UTC, datetime, timedelta
+
+    l1 = "builtin/L1/5"
+    k = f"{RUN}/s0/g0"
+    store.append([started(), sample(0, 0, 0, l1), sample(0, 0, 1, l1), sample(0, 0, 2, l1),
+                  judged(f"{k}/t0/turn0", l1, verdict("CORRECT", True, True), seconds=3.0),
+                  judged(f"{k}/t1/turn0", l1, verdict("CORRECT", True, True), seconds=3.0),
+                  judged(f"{k}/t2/turn0", l1, verdict("CORRECT", True, True), seconds=1.0)])  # fmt: skip
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    sampled = {f"{k}/t0/turn0": 0.0, f"{k}/t1/turn0": 1.0, f"{k}/t2/turn0": 2.0}  # seconds after t0
+    judged_at = {f"{k}/t0/turn0": (4.0, "A"), f"{k}/t1/turn0": (6.0, "A"), f"{k}/t2/turn0": (10.0, "B")}
+    events = []
+    for e in store.read(run_id=RUN):
+        if e.type == "KernelEvaluated":
+            seconds, worker = judged_at[e.payload["sample_id"]]
+            e = e._replace(created_at=t0 + timedelta(seconds=seconds), payload={**e.payload, "worker": worker})
+        else:
+            e = e._replace(created_at=t0 + timedelta(seconds=sampled.get(e.key, 0.0)))
+        events.append(e)
+    proj = RunProjection(RUN)
+    proj.feed(events)
+    # Window [0, 10]; A ran [1, 4] and [3, 6] (busy 5 s), B ran [9, 10] (1 s): idle = 1 - 6 / 20 = 0.7.
+    m = proj.step_scalars(0)
+    assert m["rollout/worker_idle_frac"] == pytest.approx(0.7, abs=1e-9)
+    assert m["rollout/workers"] == 2.0
 
 
 def test_incremental_update_equals_full_replay(store: EventStore) -> None:

@@ -53,6 +53,7 @@ def metrics_view(run_id: str) -> None:
     with right:
         chart(frame, "eval/", "Rates", suffix="_rate")
         chart(frame, "time/", "Seconds per step")
+        chart(frame, "rollout/worker_idle_frac", "Evaluation workers idle (fraction of the rollout)", strip=False)
         chart(frame, "multiturn/", "Multi-turn")
 
     st.subheader("Per step")

@@ -15,6 +15,9 @@ Scalar names (TensorBoard tags); a name is absent when there is nothing to compu
 * `progress/completion_fraction` = (step + 1) / n_steps; `optim/learning_rate` = the update's lr.
 * `time/total_s`, `time/rollout_s` (= `time/sample_s` + `time/eval_s`), `time/train_s`, `time/save_s`:
   the trainer records them in `PolicyUpdated.metrics`; `train/*` (loss, n_datums, backend metrics) too.
+* `rollout/worker_idle_frac` (`RunProjection` only: it needs event times): the share of the evaluation
+  workers' time during the step's rollout that no evaluation of the step was running (see
+  `worker_idle_fraction`), and `rollout/workers`, how many workers served the step.
 * `level/L{n}/reward_mean`, `level/L{n}/correct_rate` per KernelBench level (from the problem id).
 * `multiturn/success_rate` (trajectories with a CORRECT turn), `multiturn/avg_turns`,
   `multiturn/turn_{k}/compile_rate`, `multiturn/turn_{k}/correct_rate` once a step has turns > 0 (or the
@@ -147,6 +150,31 @@ def multiturn_scalars(judged: list[Sample]) -> dict[str, float]:
         out[f"multiturn/turn_{turn}/compile_rate"] = _rate(bool((s.verdict or {}).get("compiled")) for s in group)
         out[f"multiturn/turn_{turn}/correct_rate"] = _rate(_is_correct(s.verdict or {}) for s in group)
     return out
+
+
+def worker_idle_fraction(intervals: Iterable[tuple[str, float, float]], start: float, end: float) -> float | None:
+    """The share of worker-time in [start, end] with no evaluation running: 1 - Σ_w busy_w / (n_w · (end - start)).
+
+    `intervals` are (worker, begin, finish) of evaluations, in seconds; n_w is the number of distinct
+    workers among them, and busy_w the length of the union of worker w's intervals clipped to the window
+    (a union, so a worker id shared by concurrent slots is counted as one worker, never busier than
+    100 %). What asynchronous turns are for: with synchronous turns the workers idle while the policy
+    samples. None for an empty window or no intervals.
+    """
+    by_worker: dict[str, list[tuple[float, float]]] = {}
+    for worker, begin, finish in intervals:
+        by_worker.setdefault(worker, []).append((max(begin, start), min(finish, end)))
+    if end <= start or not by_worker:
+        return None
+    busy = 0.0
+    for spans in by_worker.values():
+        reach = start
+        for begin, finish in sorted(spans):
+            begin = max(begin, reach)
+            if finish > begin:
+                busy += finish - begin
+                reach = finish
+    return 1.0 - busy / (len(by_worker) * (end - start))
 
 
 def step_speedups(scores: StepScores) -> list[float]:
@@ -307,8 +335,32 @@ class RunProjection:
         return [n for n, s in sorted(self.state.steps.items()) if s.samples]
 
     def step_scalars(self, number: int) -> dict[str, float]:
-        return step_scalars(self.state.steps[number], self.scores(number), n_steps=self.n_steps,
-                            multi_turn=self.multi_turn)  # fmt: skip
+        out = step_scalars(self.state.steps[number], self.scores(number), n_steps=self.n_steps,
+                           multi_turn=self.multi_turn)  # fmt: skip
+        out.update(self.worker_usage(number))
+        return out
+
+    def worker_usage(self, number: int) -> dict[str, float]:
+        """`rollout/worker_idle_frac` and `rollout/workers` of a step, from its events' times.
+
+        The window runs from the step's first `SampleGenerated` (the earliest a job could start) to its
+        last verdict; each verdict's evaluation ran over [recorded_at - seconds, recorded_at] on its
+        `worker`. The workers are those that judged at least one of the step's samples (a worker that took
+        none of them is not counted, and a worker's jobs of other runs count as idle time here). A step
+        interrupted and resumed counts the gap as idle: no evaluation was running.
+        """
+        sids = list(self.state.steps[number].samples)
+        starts = [self.sampled_at[sid] for sid in sids if sid in self.sampled_at]
+        evals = [self.evals[sid] for sid in sids if sid in self.evals and self.evals[sid].seconds is not None]
+        if not starts or not evals:
+            return {}
+        start = min(starts).timestamp()
+        end = max(e.at for e in evals).timestamp()
+        intervals = [(str(e.worker), e.at.timestamp() - float(e.seconds or 0.0), e.at.timestamp()) for e in evals]
+        idle = worker_idle_fraction(intervals, start, end)
+        if idle is None:
+            return {}
+        return {"rollout/worker_idle_frac": idle, "rollout/workers": float(len({w for w, _, _ in intervals}))}
 
     def step_histograms(self, number: int) -> dict[str, list[float]]:
         return step_histograms(self.state.steps[number], self.scores(number))
@@ -465,5 +517,6 @@ __all__ = [
     "step_histograms",
     "step_scalars",
     "step_speedups",
+    "worker_idle_fraction",
     "write_tensorboard",
 ]

@@ -8,6 +8,7 @@ submits jobs therefore cannot tell the two apart, and the zero-service mode is t
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -54,8 +55,11 @@ class LocalQueue:
             self._futures.append(self._pool.submit(self._run, job))
 
     def _run(self, job: EvalJob) -> object:
+        # One worker id per pool thread ("local/0", "local/1"): verdicts then say which slot judged them,
+        # so step metrics can count the workers (`rollout/worker_idle_frac`).
+        slot = threading.current_thread().name.rsplit("_", 1)[-1]
         try:
-            return evaluate_job(job, self.store, self._evaluators, worker=self.worker_name)
+            return evaluate_job(job, self.store, self._evaluators, worker=f"{self.worker_name}/{slot}")
         except Exception:
             log.exception("job %s/%s failed", job.run_id, job.sample_id)
             raise
