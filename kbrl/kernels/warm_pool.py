@@ -426,3 +426,6 @@ def serve() -> None:
 
 if __name__ == "__main__":
     serve()
+    # No interpreter teardown (seconds with torch loaded): exit now, and every child dies with us
+    # through its parent-death signal, at once, when the worker that owned us is gone.
+    os._exit(0)

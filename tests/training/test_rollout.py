@@ -32,7 +32,7 @@ from kbrl.workers.queue import CeleryQueue, LocalQueue
 RELU = get_problem("builtin/L1/5")
 GOOD = builtin_solutions(RELU)["triton"]
 BROKEN = GOOD.replace("tl.maximum", "tl.maximun")
-SLOW = "import time\ntime.sleep(5)\n"
+SLOW = "import time\ntime.sleep(20)\n"
 EVAL = EvalConfig(device="cpu", n_trials=2, timeout_s=120)
 
 
@@ -144,7 +144,7 @@ def test_scripted_fix_through_local_queue(tmp_path: Path) -> None:
 
 
 def test_fast_trajectories_move_on_while_slow_ones_are_still_evaluated(tmp_path: Path) -> None:
-    """Trajectory t0's kernel sleeps 5 s at import; t1's second turn is judged before t0's first."""
+    """Trajectory t0's kernel sleeps 20 s at import (margin on a loaded machine); t1's second turn is judged first."""
     store = EventStore(f"sqlite:///{tmp_path / 'kbrl.db'}")
     queue = LocalQueue(store, workers=2)
     try:
