@@ -71,19 +71,37 @@ def _verdicts(store: EventStore, run_id: str) -> list[str]:
     return [e.key for e in store.read(run_id=run_id, types=[KernelEvaluated, EvalFailed])]
 
 
-def _runner_pids() -> set[int]:
-    """Live sandbox processes: candidates started cold (`python -m kbrl.kernels.runner`), and the warm
-    fork server with every candidate it forked (`python -m kbrl.kernels.warm_pool`)."""
-    pids = set()
+def _sandbox_pids() -> dict[int, int]:
+    """Live sandbox processes (pid → parent pid): candidates started cold (`python -m kbrl.kernels.runner`),
+    and the warm fork server with every candidate it forked (`python -m kbrl.kernels.warm_pool`)."""
+    pids = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
                 if b"kbrl.kernels.runner" in cmdline or b"kbrl.kernels.warm_pool" in cmdline:
-                    pids.add(int(entry.name))
-            except OSError:
+                    stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+                    pids[int(entry.name)] = int(stat[1])
+            except (OSError, IndexError, ValueError):
                 continue
     return pids
+
+
+def _runner_pids() -> set[int]:
+    return set(_sandbox_pids())
+
+
+def _candidate_pids() -> set[int]:
+    """Processes running a candidate: cold runners, and children forked by a warm fork server."""
+    procs = _sandbox_pids()
+    return {pid for pid, parent in procs.items() if parent in procs or b"runner" in _cmdline(pid)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -181,8 +199,8 @@ def test_sigkilled_worker_job_is_redelivered_with_one_verdict(celery_env: tuple[
                    for e in store.read(run_id=WORKERS_RUN, types=[WorkerHeartbeat]))  # fmt: skip
 
     _wait(busy_with_job, 60, "the first worker to take the job")
-    _wait(lambda: bool(_runner_pids() - elsewhere), 30, "the candidate's sandbox process")
-    sandbox = _runner_pids() - elsewhere
+    _wait(lambda: bool(_candidate_pids() - elsewhere), 30, "the candidate's sandbox process")
+    sandbox = _runner_pids() - elsewhere  # the candidate, and the fork server it came from
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
     # The sandbox child is in a session of its own, so the group kill does not reach it: it must die

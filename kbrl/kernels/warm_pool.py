@@ -350,6 +350,29 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
 
+def _exit_if_orphaned_while(sock: socket.socket) -> Any:
+    """Importing torch takes seconds; a worker killed meanwhile must not leave us importing on. Nothing
+    arrives before we report ready, so the socket turning readable means the worker hung up. Returns a
+    function that stops (and joins) the watch."""
+    stop_r, stop_w = os.pipe()
+
+    def watch() -> None:
+        readable, _, _ = select.select([sock, stop_r], [], [])
+        if stop_r not in readable:
+            os._exit(0)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        os.write(stop_w, b"x")
+        thread.join()
+        os.close(stop_r)
+        os.close(stop_w)
+
+    return stop
+
+
 def _children_can_use_cuda() -> bool:
     """Fork a probe: CUDA refuses to initialise in the child of a process that initialised it (torch
     marks such a child "in bad fork"); `torch.cuda.is_initialized()` alone does not see the driver
@@ -368,6 +391,7 @@ def serve() -> None:
     """The server's loop: fork on each request, report each child's pid and exit status."""
     sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD_ENV)))
     started = time.perf_counter()
+    stop_watch = _exit_if_orphaned_while(sock)
     try:
         import importlib
 
@@ -376,6 +400,8 @@ def serve() -> None:
     except BaseException as exc:
         _send(sock, {"type": "error", "error": f"fork server could not import: {type(exc).__name__}: {exc}"})
         raise
+    finally:
+        stop_watch()  # single-threaded again before anything forks
     import torch
 
     if not _children_can_use_cuda():
