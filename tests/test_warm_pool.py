@@ -100,6 +100,7 @@ def test_a_killed_server_is_replaced(tmp_path: Path) -> None:
     assert _server(ev) is not server and _server(ev).alive
 
 
+@pytest.mark.slow  # the cold path: a fresh interpreter per candidate, seconds each
 @pytest.mark.parametrize("path", FAULTS, ids=[p.stem for p in FAULTS])
 def test_cold_path_gives_the_same_verdicts(path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """With the pool off, a fresh interpreter per candidate: the fault corpus's verdicts do not change."""

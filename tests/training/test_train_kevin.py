@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from kbrl.events.payloads import (
     EvalFailed,
     EvalRequested,
@@ -37,6 +39,7 @@ def _kbrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "kbrl.cli", *args]
 
 
+@pytest.mark.slow  # 1-2 min on 2 cores: CI runs it in its slow pass
 def test_kevin_train_killed_mid_trajectory_resumes_at_the_right_turn(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'kbrl.db'}"
     env = {k: v for k, v in os.environ.items() if k != "KBRL_BROKER_URL"}
