@@ -87,18 +87,20 @@ def instrumented(kernel_eval: Any, kb_timing: Any, stages: dict[str, float]) -> 
     """Time KernelBench's eval stages by wrapping its module-level functions; restore them afterwards."""
     originals: list[tuple[Any, str, Any]] = []
 
-    def wrap(module: Any, name: str, stage: str) -> None:
-        fn = getattr(module, name)
-        originals.append((module, name, fn))
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
+    def timed(fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - t
 
-        setattr(module, name, timed)
+        return call
+
+    def wrap(module: Any, name: str, stage: str) -> None:
+        fn = getattr(module, name)
+        originals.append((module, name, fn))
+        setattr(module, name, timed(fn, stage))
 
     wrap(kernel_eval, "load_original_model_and_inputs", "load_reference")
     wrap(kernel_eval, "load_custom_model", "compile")  # CUDA: exec → load_inline builds here
@@ -113,15 +115,7 @@ def instrumented(kernel_eval: Any, kb_timing: Any, stages: dict[str, float]) -> 
         # eval_kernel_against_ref times the candidate first, then (excessive-speedup check) the reference.
         stage = "timing_kernel" if calls[0] == 0 else "timing_reference"
         calls[0] += 1
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - t
-
-        return timed
+        return timed(fn, stage)
 
     kb_timing.get_timing_function = timing_factory
     try:

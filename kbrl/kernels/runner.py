@@ -309,8 +309,9 @@ def time_paired(
 
     Each pair gives one ratio reference/candidate measured moments apart, so clock, thermal and
     neighbour drift hit both sides alike; the speedup is the 20 %-trimmed mean ratio, reported with its
-    ~95 % interval (`trimmed_mean_interval`). Rounds of 10 pairs cycle over input placements (`_placements`). Trials continue in rounds until the interval's half-width is within `target_rel_ci` of
-    the median (at least `min_pairs`, at most `max_pairs` pairs, at most `budget_s` seconds). Both sides
+    ~95 % interval (`trimmed_mean_interval`). Rounds of 10 pairs cycle over input placements
+    (`_placements`) until the interval's half-width is within `target_rel_ci` of the speedup (at least
+    `min_pairs`, at most `max_pairs` pairs, and past `budget_s` seconds no new round). Both sides
     use the same method: CUDA-graph replays when both can be captured, else direct calls.
     """
     import time as _time

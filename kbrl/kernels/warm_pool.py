@@ -104,7 +104,6 @@ class ForkServer:
     """One warm fork server: started on construction, ready in the background, forks on `spawn`."""
 
     def __init__(self, env: dict[str, str], isolate: bool, log_path: Path) -> None:
-        self.isolate = isolate
         self.owner = os.getpid()
         self.namespaced = isolate and namespaces_available()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -119,8 +118,6 @@ class ForkServer:
             self.proc = subprocess.Popen(argv, env=env, cwd=log_path.parent, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=log, pass_fds=(theirs.fileno(),), start_new_session=True)  # fmt: skip
         theirs.close()
-        self.started = time.monotonic()
-        self.ready_s: float | None = None
         self._ready = threading.Event()
         self._dead: str | None = None
         self._lock = threading.Lock()
@@ -207,7 +204,6 @@ class ForkServer:
             msg = json.loads(data)
             with self._lock:
                 if msg["type"] == "ready":
-                    self.ready_s = time.monotonic() - self.started
                     self._ready.set()
                 elif msg["type"] == "error":
                     self._dead = msg["error"]
@@ -314,7 +310,6 @@ def _child(request: dict[str, Any], fds: list[int]) -> NoReturn:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        _die_with_parent()
         stdin_fd, msg_fd, out_fd, err_fd = fds
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
