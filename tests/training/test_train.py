@@ -3,11 +3,9 @@ SIGKILL in the middle of a step, resumed, and checked against its own event log.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kbrl.events.payloads import PolicyUpdated, RunFinished, SampleGenerated
@@ -22,29 +20,16 @@ def _kbrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "kbrl.cli", *args]
 
 
-def test_train_killed_mid_step_resumes_without_losing_or_repeating_work(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'kbrl.db'}"
-    env = {k: v for k, v in os.environ.items() if k != "KBRL_BROKER_URL"}
-    env.update(KBRL_DATABASE_URL=url, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    log = open(tmp_path / "first.log", "wb")  # noqa: SIM115 - closed below
-    first = subprocess.Popen(_kbrl("train", "--config", "tiny_cpu", "run_id=e2e", f"n_steps={N_STEPS}",
-                                   f"log_path={tmp_path}/runs/{{run_id}}"),
-                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    store = EventStore(url)
-
-    def step_sampled_not_updated(step: int) -> bool:
-        state = replay_run(store, "e2e")
-        s = state.steps.get(step)
+def test_train_killed_mid_step_resumes_without_losing_or_repeating_work(
+    tmp_path: Path, kbrl_train_killed_when: Callable[..., tuple[dict[str, str], EventStore]]
+) -> None:
+    def step_sampled_not_updated(store: EventStore) -> bool:
+        s = replay_run(store, "e2e").steps.get(2)
         return s is not None and len(s.samples) > 0 and s.update is None
 
-    deadline = time.monotonic() + 300
-    while not step_sampled_not_updated(2):
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "step 2 was never sampled"
-        time.sleep(0.05)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(30)
-    log.close()
+    env, store = kbrl_train_killed_when(
+        ["--config", "tiny_cpu", "run_id=e2e", f"n_steps={N_STEPS}", f"log_path={tmp_path}/runs/{{run_id}}"],
+        step_sampled_not_updated, 300, "step 2 was never sampled")
     at_kill = replay_run(store, "e2e")
     assert at_kill.steps[2].update is None, "the kill was meant to land between sampling and update"
     sampled_before = {sid: s.text for sid, s in at_kill.steps[2].samples.items()}

@@ -5,12 +5,10 @@ the logged advantages."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,34 +38,23 @@ def _kbrl(*args: str) -> list[str]:
 
 
 @pytest.mark.slow  # 1-2 min on 2 cores: CI runs it in its slow pass
-def test_kevin_train_killed_mid_trajectory_resumes_at_the_right_turn(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'kbrl.db'}"
-    env = {k: v for k, v in os.environ.items() if k != "KBRL_BROKER_URL"}
-    env.update(KBRL_DATABASE_URL=url, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def test_kevin_train_killed_mid_trajectory_resumes_at_the_right_turn(
+    tmp_path: Path, kbrl_train_killed_when: Callable[..., tuple[dict[str, str], EventStore]]
+) -> None:
     config = str(ROOT / "kbrl" / "config" / "rl_kernelbench_kevin.yaml")
     overrides = ["run_id=kevin", f"n_steps={N_STEPS}", f"batch_size={BATCH}", f"group_size={GROUP}",
                  f"max_turns={TURNS}", "model_name=tiny", "backend=local", "problem_source=builtin",
                  "problem_ids=[builtin/L1/5, builtin/L1/6]", "max_tokens=320", "max_prompt_tokens=4096",
                  "learning_rate=3e-3", "lora_rank=8", "eval_device=cpu", "eval_n_trials=2", "eval_timeout_s=120",
                  f"log_path={tmp_path}/runs/{{run_id}}"]  # fmt: skip
-    log = open(tmp_path / "first.log", "wb")  # noqa: SIM115 - closed below
-    first = subprocess.Popen(_kbrl("train", "--config", config, *overrides), env=env, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    store = EventStore(url)
 
-    def mid_trajectory() -> bool:
+    def mid_trajectory(store: EventStore) -> bool:
         """Step 1 has a turn-1 sample and is not updated: some trajectory is past its first turn."""
         s = replay_run(store, "kevin").steps.get(1)
         return s is not None and s.update is None and any(x.turn >= 1 for x in s.samples.values())
 
-    deadline = time.monotonic() + 600
-    while not mid_trajectory():
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "step 1 never reached turn 1"
-        time.sleep(0.05)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(30)
-    log.close()
+    env, store = kbrl_train_killed_when(["--config", config, *overrides], mid_trajectory, 600,
+                                        "step 1 never reached turn 1")  # fmt: skip
     at_kill = replay_run(store, "kevin")
     killed = at_kill.steps[1]
     assert killed.update is None and at_kill.steps[0].done
